@@ -1,0 +1,109 @@
+"""What every API-mode adapter produces and consumes, whatever its wire format."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from agent.messages import Message
+
+
+@dataclass
+class Usage:
+    """Token counts of one call, or summed over many. `input_tokens` includes cached ones."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+    reasoning_tokens: int = 0
+
+    def add(self, other: Usage) -> None:
+        self.input_tokens += other.input_tokens
+        self.output_tokens += other.output_tokens
+        self.cache_read_tokens += other.cache_read_tokens
+        self.cache_write_tokens += other.cache_write_tokens
+        self.reasoning_tokens += other.reasoning_tokens
+
+    def as_dict(self) -> dict[str, int]:
+        return {
+            "input_tokens": self.input_tokens,
+            "output_tokens": self.output_tokens,
+            "cache_read_tokens": self.cache_read_tokens,
+            "cache_write_tokens": self.cache_write_tokens,
+            "reasoning_tokens": self.reasoning_tokens,
+            "total_tokens": self.input_tokens + self.output_tokens,
+        }
+
+
+@dataclass
+class NormalizedResponse:
+    """One model reply, the same shape for every API mode and for streamed and plain calls.
+
+    `tool_calls` are in the OpenAI chat format (`id`, `type`, `function.name`, `function.arguments`).
+    `finish_reason` is one of "stop", "tool_calls", "length", "content_filter" (mapped per mode).
+    `provider_data` holds what the provider needs replayed verbatim on the next request.
+    """
+
+    content: str | None
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    reasoning: str | None = None
+    finish_reason: str = "stop"
+    usage: Usage = field(default_factory=Usage)
+    provider_data: dict[str, Any] | None = None
+
+
+class StreamEvents(Protocol):
+    """Receives the pieces of a streamed reply as they arrive (on the call's worker thread)."""
+
+    def on_text(self, delta: str) -> None: ...
+
+    def on_reasoning(self, delta: str) -> None: ...
+
+    def on_tool_call(self, name: str) -> None: ...
+
+
+class CallHandle:
+    """Shared by the waiting thread and the worker making a call: once abandoned, the worker stops
+    passing events on and its result is discarded."""
+
+    def __init__(self) -> None:
+        self.abandoned = False
+
+
+@dataclass(frozen=True)
+class ToolSchema:
+    """A tool as the model sees it: name, description and JSON schema of its arguments."""
+
+    name: str
+    description: str
+    parameters: dict[str, Any]
+
+
+class Adapter(Protocol):
+    """One API mode: converts history and tools to its wire format and back."""
+
+    api_mode: str
+
+    def build_request(
+        self,
+        *,
+        model: str,
+        system_prompt: str,
+        messages: list[Message],
+        tools: list[ToolSchema],
+        stream: bool,
+        max_tokens: int | None,
+        temperature: float | None,
+    ) -> dict[str, Any]: ...
+
+    def send(
+        self,
+        client: Any,
+        body: dict[str, Any],
+        *,
+        stream: bool,
+        events: StreamEvents,
+        handle: CallHandle,
+        timeout: float,
+    ) -> NormalizedResponse: ...

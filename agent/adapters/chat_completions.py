@@ -1,0 +1,235 @@
+"""OpenAI Chat Completions: request building and reply parsing, streamed and plain.
+
+The request goes out through the openai SDK's low-level `post` with a body we serialize ourselves:
+the SDK's typed `create()` re-walks every message on every call, which costs most of a second on a
+long history. Replies come back as plain dicts and both paths end in the same parsing code.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+from agent.adapters.base import CallHandle, NormalizedResponse, StreamEvents, ToolSchema, Usage
+from agent.errors import ProviderError
+from agent.messages import Message
+
+#: Keys of our history that the Chat Completions wire format has no place for.
+_PRIVATE_KEYS = frozenset({"reasoning", "provider_data"})
+_FINISH_REASONS = {
+    "stop": "stop",
+    "tool_calls": "tool_calls",
+    "function_call": "tool_calls",
+    "length": "length",
+    "content_filter": "content_filter",
+}
+
+
+def wire_message(message: Message) -> Message:
+    """The message as Chat Completions takes it: our private keys left out."""
+    if _PRIVATE_KEYS.isdisjoint(message):
+        return message
+    return {key: value for key, value in message.items() if key not in _PRIVATE_KEYS}
+
+
+def wire_tools(tools: list[ToolSchema]) -> list[dict[str, Any]]:
+    return [
+        {
+            "type": "function",
+            "function": {"name": t.name, "description": t.description, "parameters": t.parameters},
+        }
+        for t in tools
+    ]
+
+
+def parse_usage(raw: Any) -> Usage:
+    if not isinstance(raw, dict):
+        return Usage()
+    prompt_details = raw.get("prompt_tokens_details") or {}
+    completion_details = raw.get("completion_tokens_details") or {}
+    return Usage(
+        input_tokens=int(raw.get("prompt_tokens") or 0),
+        output_tokens=int(raw.get("completion_tokens") or 0),
+        cache_read_tokens=int(prompt_details.get("cached_tokens") or 0),
+        reasoning_tokens=int(completion_details.get("reasoning_tokens") or 0),
+    )
+
+
+def _normal_tool_call(index: int, call_id: Any, name: Any, arguments: Any) -> dict[str, Any]:
+    return {
+        "id": call_id or f"call_{uuid.uuid4().hex[:24]}",
+        "type": "function",
+        "function": {"name": name or "", "arguments": arguments or "{}"},
+    }
+
+
+def _finish(reason: Any, tool_calls: list[dict[str, Any]]) -> str:
+    if tool_calls and reason in (None, "stop"):
+        # Some OpenAI-compatible servers say "stop" after tool calls; the calls are what counts.
+        return "tool_calls"
+    return _FINISH_REASONS.get(str(reason), "stop")
+
+
+def parse_completion(data: Any) -> NormalizedResponse:
+    """Parse a non-streamed `chat.completion` body."""
+    try:
+        choice = data["choices"][0]
+        message = choice["message"]
+    except (KeyError, IndexError, TypeError):
+        raise ProviderError(
+            f"the model's reply is not a chat completion: {str(data)[:200]}", reason="malformed_reply"
+        ) from None
+    tool_calls = [
+        _normal_tool_call(
+            i, call.get("id"), call.get("function", {}).get("name"), call.get("function", {}).get("arguments")
+        )
+        for i, call in enumerate(message.get("tool_calls") or [])
+    ]
+    reasoning = message.get("reasoning_content") or message.get("reasoning")
+    return NormalizedResponse(
+        content=message.get("content"),
+        tool_calls=tool_calls,
+        reasoning=reasoning if isinstance(reasoning, str) else None,
+        finish_reason=_finish(choice.get("finish_reason"), tool_calls),
+        usage=parse_usage(data.get("usage")),
+    )
+
+
+class ChatStreamAssembler:
+    """Builds one NormalizedResponse out of `chat.completion.chunk` dicts.
+
+    Tool-call deltas are joined by their `index`; text and reasoning deltas are passed on to `events`
+    as they arrive. A stream that ends without a `finish_reason` was cut: `finish()` raises.
+    """
+
+    def __init__(self, events: StreamEvents) -> None:
+        self._events = events
+        self._text: list[str] = []
+        self._reasoning: list[str] = []
+        self._calls: dict[int, dict[str, Any]] = {}
+        self._finish_reason: str | None = None
+        self._usage = Usage()
+
+    def feed(self, chunk: Any) -> None:
+        if not isinstance(chunk, dict):
+            raise ProviderError(f"unexpected stream event: {str(chunk)[:200]}", reason="malformed_reply")
+        if chunk.get("usage"):
+            self._usage = parse_usage(chunk["usage"])
+        for choice in chunk.get("choices") or ():
+            delta = choice.get("delta") or {}
+            text = delta.get("content")
+            if text:
+                self._text.append(text)
+                self._events.on_text(text)
+            thought = delta.get("reasoning_content") or delta.get("reasoning")
+            if isinstance(thought, str) and thought:
+                self._reasoning.append(thought)
+                self._events.on_reasoning(thought)
+            for part in delta.get("tool_calls") or ():
+                self._feed_tool_call(part)
+            if choice.get("finish_reason"):
+                self._finish_reason = choice["finish_reason"]
+
+    def _feed_tool_call(self, part: dict[str, Any]) -> None:
+        index = int(part.get("index") or 0)
+        call = self._calls.get(index)
+        function = part.get("function") or {}
+        if call is None:
+            call = self._calls[index] = {"id": None, "name": "", "arguments": []}
+        if part.get("id"):
+            call["id"] = part["id"]
+        if function.get("name"):
+            first = not call["name"]
+            call["name"] += function["name"]
+            if first:
+                self._events.on_tool_call(call["name"])
+        if function.get("arguments"):
+            call["arguments"].append(function["arguments"])
+
+    def finish(self) -> NormalizedResponse:
+        if self._finish_reason is None:
+            raise ProviderError("the stream ended before the reply was complete", reason="dropped_stream")
+        tool_calls = [
+            _normal_tool_call(i, c["id"], c["name"], "".join(c["arguments"]))
+            for i, c in sorted(self._calls.items())
+        ]
+        return NormalizedResponse(
+            content="".join(self._text) or None,
+            tool_calls=tool_calls,
+            reasoning="".join(self._reasoning) or None,
+            finish_reason=_finish(self._finish_reason, tool_calls),
+            usage=self._usage,
+        )
+
+
+class ChatCompletionsAdapter:
+    """The `chat_completions` API mode."""
+
+    api_mode = "chat_completions"
+
+    def build_request(
+        self,
+        *,
+        model: str,
+        system_prompt: str,
+        messages: list[Message],
+        tools: list[ToolSchema],
+        stream: bool,
+        max_tokens: int | None,
+        temperature: float | None,
+    ) -> dict[str, Any]:
+        wire = [{"role": "system", "content": system_prompt}] if system_prompt else []
+        wire.extend(wire_message(m) for m in messages)
+        body: dict[str, Any] = {"model": model, "messages": wire, "stream": stream}
+        if tools:
+            body["tools"] = wire_tools(tools)
+        if stream:
+            body["stream_options"] = {"include_usage": True}
+        if max_tokens is not None:
+            body["max_tokens"] = max_tokens
+        if temperature is not None:
+            body["temperature"] = temperature
+        return body
+
+    def send(
+        self,
+        client: Any,
+        body: dict[str, Any],
+        *,
+        stream: bool,
+        events: StreamEvents,
+        handle: CallHandle,
+        timeout: float,
+    ) -> NormalizedResponse:
+        import httpx2
+        from openai import APIConnectionError, Stream
+
+        options: dict[str, Any] = {
+            "security": {"bearer_auth": True},
+            "headers": {"Content-Type": "application/json"},
+            "timeout": timeout,
+        }
+        content = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+        if not stream:
+            data = client.post("/chat/completions", cast_to=object, content=content, options=options)
+            return parse_completion(data)
+        chunks = client.post(
+            "/chat/completions",
+            cast_to=object,
+            content=content,
+            options=options,
+            stream=True,
+            stream_cls=Stream[object],
+        )
+        assembler = ChatStreamAssembler(events)
+        try:
+            for chunk in chunks:
+                if handle.abandoned:
+                    break
+                assembler.feed(chunk)
+        except (APIConnectionError, httpx2.TransportError) as exc:
+            raise ProviderError(f"the connection dropped mid-stream: {exc}", reason="dropped_stream") from exc
+        finally:
+            chunks.response.close()
+        return assembler.finish()

@@ -1,0 +1,227 @@
+"""Constructor wiring: configuration → provider runtime → client, tools, callbacks, session."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlparse
+
+from agent.errors import ConfigError
+from config.loader import API_MODES, AgentSettings, FallbackSettings, load_settings
+
+if TYPE_CHECKING:
+    from agent.adapters.base import Adapter
+
+_LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1", "0.0.0.0"})
+
+
+@dataclass
+class ProviderRuntime:
+    """The provider the agent is talking to now: where, how, as whom, and which fallback it is."""
+
+    provider: str
+    api_mode: str
+    model: str
+    base_url: str
+    api_key: str
+    fallback_index: int = 0
+
+
+def resolve_api_mode(explicit: str | None, provider_mode: str | None, base_url: str | None) -> str:
+    """Explicit argument → the provider's configured mode → base-URL heuristics → chat_completions."""
+    if explicit:
+        if explicit not in API_MODES:
+            raise ConfigError(f"api_mode: unknown API mode '{explicit}' (known: {', '.join(API_MODES)})")
+        return explicit
+    if provider_mode:
+        return provider_mode
+    if base_url:
+        parsed = urlparse(base_url)
+        if parsed.hostname == "api.anthropic.com" or parsed.path.rstrip("/").endswith("/anthropic"):
+            return "anthropic_messages"
+    return "chat_completions"
+
+
+def is_loopback(base_url: str) -> bool:
+    return (urlparse(base_url).hostname or "") in _LOOPBACK_HOSTS
+
+
+def resolve_runtime(
+    settings: AgentSettings,
+    *,
+    provider: str,
+    model: str,
+    base_url: str | None,
+    api_key: str | None,
+    api_mode: str | None,
+    env: Mapping[str, str],
+    fallback_index: int = 0,
+) -> ProviderRuntime:
+    """Work out the provider runtime; a missing key is a ConfigError saying how to provide one."""
+    config = settings.providers.get(provider)
+    if config is None:
+        known = ", ".join(sorted(settings.providers))
+        raise ConfigError(f"unknown provider '{provider}' (known: {known})")
+    url = base_url or config.base_url
+    if not url:
+        raise ConfigError(f"providers.{provider}.base_url: not set; give the provider's API address")
+    key = api_key or (env.get(config.api_key_env) if config.api_key_env else None)
+    if not key:
+        if not is_loopback(url):
+            variable = config.api_key_env or f"providers.{provider}.api_key_env"
+            raise ConfigError(
+                f"no API key for provider '{provider}': set {variable}, or choose another provider "
+                "with --provider / model.provider in ~/.mibyan/config.yaml"
+            )
+        key = "not-needed"  # local servers (llama.cpp, vLLM, Ollama) take any key
+    return ProviderRuntime(
+        provider=provider,
+        api_mode=resolve_api_mode(api_mode, config.api_mode, url),
+        model=model,
+        base_url=url,
+        api_key=key,
+        fallback_index=fallback_index,
+    )
+
+
+def settings_overrides(
+    *,
+    model: str | None,
+    provider: str | None,
+    max_iterations: int | None,
+    stream: bool | None,
+    enabled_toolsets: list[str] | None,
+    fallback_providers: list[dict[str, Any]] | None,
+) -> dict[str, Any]:
+    """Constructor arguments in the shape of the configuration files (the last layer)."""
+    overrides: dict[str, Any] = {}
+    model_layer = {k: v for k, v in (("name", model), ("provider", provider)) if v}
+    if model_layer:
+        overrides["model"] = model_layer
+    agent_layer = {k: v for k, v in (("max_turns", max_iterations), ("stream", stream)) if v is not None}
+    if agent_layer:
+        overrides["agent"] = agent_layer
+    if enabled_toolsets is not None:
+        overrides["tools"] = {"toolsets": list(enabled_toolsets)}
+    if fallback_providers is not None:
+        overrides["fallback_providers"] = list(fallback_providers)
+    return overrides
+
+
+def new_session_id() -> str:
+    """A short id that is easy to type and unique enough for one person's sessions."""
+    return secrets.token_hex(5)
+
+
+def build_client(runtime: ProviderRuntime, settings: AgentSettings) -> Any:
+    """The SDK client for the runtime's API mode; the SDK is imported here, on first use."""
+    from agent.http_transport import AbortableTransport
+
+    timeout = settings.agent.api_timeout
+    transport = AbortableTransport()
+    if runtime.api_mode == "anthropic_messages":
+        import anthropic
+
+        return anthropic.Anthropic(
+            api_key=runtime.api_key,
+            base_url=runtime.base_url,
+            max_retries=0,
+            timeout=timeout,
+            http_client=anthropic.DefaultHttpxClient(transport=transport),
+        )
+    import openai
+
+    return openai.OpenAI(
+        api_key=runtime.api_key,
+        base_url=runtime.base_url,
+        max_retries=0,
+        timeout=timeout,
+        http_client=openai.DefaultHttpxClient(transport=transport),
+    )
+
+
+def adapter_for(api_mode: str) -> Adapter:
+    """The adapter of an API mode."""
+    if api_mode == "chat_completions":
+        from agent.adapters.chat_completions import ChatCompletionsAdapter
+
+        return ChatCompletionsAdapter()
+    raise ConfigError(f"api_mode: '{api_mode}' is not available in this version of mibyan")
+
+
+def load_agent_settings(home: str | os.PathLike[str] | None, overrides: dict[str, Any]) -> AgentSettings:
+    return load_settings(home=Path(home) if home is not None else None, overrides=overrides)
+
+
+__all__ = [
+    "FallbackSettings",
+    "ProviderRuntime",
+    "adapter_for",
+    "build_client",
+    "load_agent_settings",
+    "new_session_id",
+    "resolve_api_mode",
+    "resolve_runtime",
+    "settings_overrides",
+]
+
+
+def init_agent(
+    agent: Any,
+    *,
+    model: str | None,
+    provider: str | None,
+    base_url: str | None,
+    api_key: str | None,
+    api_mode: str | None,
+    max_iterations: int | None,
+    enabled_toolsets: list[str] | None,
+    session_id: str | None,
+    home: str | os.PathLike[str] | None,
+    stream: bool | None,
+    fallback_providers: list[dict[str, Any]] | None,
+    callbacks: dict[str, Any],
+) -> None:
+    """Wire a new AIAgent: settings, provider runtime, adapter, tools, callbacks and session."""
+    from agent.callbacks import Callbacks
+    from agent.interruptible import InterruptSignal
+    from agent.messages import History
+    from model_tools import get_tool_definitions
+
+    agent.callbacks = Callbacks.from_kwargs(callbacks)
+    overrides = settings_overrides(
+        model=model,
+        provider=provider,
+        max_iterations=max_iterations,
+        stream=stream,
+        enabled_toolsets=enabled_toolsets,
+        fallback_providers=fallback_providers,
+    )
+    settings = load_agent_settings(home, overrides)
+    agent.settings = settings
+    agent.runtime = resolve_runtime(
+        settings,
+        provider=settings.model.provider,
+        model=settings.model.name,
+        base_url=base_url,
+        api_key=api_key,
+        api_mode=api_mode,
+        env=os.environ,
+    )
+    agent._adapter = adapter_for(agent.runtime.api_mode)
+    agent._client = None
+    agent._signal = InterruptSignal()
+    agent._context_engine = None
+    agent._tool_pool = None
+    agent._max_parallel_tools = 8
+    agent._tool_schemas = get_tool_definitions(
+        settings.tools.toolsets, allow=settings.tools.allow, deny=settings.tools.deny
+    )
+    agent._system_prompt = None
+    agent._sink = None
+    agent.session_id = session_id or new_session_id()
+    agent._history = History(sink=agent._sink)

@@ -1,0 +1,196 @@
+"""The body of run_conversation(): it sequences the turn phases and matches on what each returns."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from typing import Any, assert_never
+
+from agent.adapters.base import NormalizedResponse
+from agent.budget import IterationBudget
+from agent.callbacks import Callbacks
+from agent.interruptible import InterruptSignal
+from agent.messages import History, Message, MessageSink, assistant_message, user_message
+from agent.turn_state import (
+    BudgetExhausted,
+    Continue,
+    Failed,
+    Final,
+    Interrupted,
+    NextStep,
+    PreparedRequest,
+    TurnState,
+)
+from config.loader import AgentSettings
+
+_SUMMARY_REQUEST = (
+    "[You have used all {limit} model calls this task may make, so no more tools can run. "
+    "Summarize for the user what you did, what you found, and what is left to do.]"
+)
+
+
+class ConversationLoopMixin:
+    """run_conversation(): begin the turn, loop over iterations, end the turn with a result."""
+
+    settings: AgentSettings
+    session_id: str
+    callbacks: Callbacks
+    _signal: InterruptSignal
+    _history: History
+    _budget: IterationBudget
+    _system_prompt: str | None
+    _session_system_prompt: Callable[[], str]
+    _prepare_iteration: Callable[[TurnState], PreparedRequest | Interrupted | BudgetExhausted]
+    _call_with_retries: Callable[[TurnState, PreparedRequest], NormalizedResponse | Interrupted | Failed]
+    _handle_truncation: Callable[[TurnState, NormalizedResponse], NormalizedResponse | Failed]
+    _check_empty_reply: Callable[[TurnState, NormalizedResponse], NormalizedResponse]
+    _execute_tool_calls: Callable[[TurnState, list[dict[str, Any]]], Continue | Interrupted]
+    _sink: MessageSink | None
+
+    def interrupt(self) -> None:
+        """Stop the running turn as soon as possible. Safe to call from any thread."""
+        self._signal.set()
+
+    def run_conversation(
+        self,
+        user_message: str,
+        system_message: str | None = None,
+        conversation_history: list[Message] | None = None,
+        task_id: str | None = None,
+    ) -> dict[str, Any]:
+        """Run one user turn to its end: tool rounds until an answer, the budget, an interrupt or an error.
+
+        Args:
+            user_message: what the user says.
+            system_message: a system prompt to use instead of the built one (kept for the session).
+            conversation_history: a history to continue; it becomes this session's stored history.
+            task_id: an id for this task's tools to share state by; generated when omitted.
+
+        Returns:
+            final_response, messages, session_id, task_id, api_calls, completed, interrupted,
+            exit_reason ("completed" | "budget_exhausted" | "interrupted" | "error"), usage, error.
+        """
+        turn = self._begin_turn(user_message, system_message, conversation_history, task_id)
+        step = self._loop(turn)
+        return self._end_turn(turn, step)
+
+    def _adopt_history(self, messages: list[Message]) -> None:
+        """Make `messages` this session's history (stored as such); a leading system message is its prompt."""
+        messages = list(messages)
+        if messages and messages[0].get("role") == "system":
+            self._system_prompt = str(messages[0].get("content") or "")
+            messages = messages[1:]
+        self._history = History(messages, sink=self._sink)
+        if self._sink is not None:
+            self._sink.replace_messages(messages)
+
+    def _begin_turn(
+        self,
+        user_message: str,
+        system_message: str | None,
+        conversation_history: list[Message] | None,
+        task_id: str | None,
+    ) -> TurnState:
+        self._signal.clear()
+        if conversation_history is not None:
+            self._adopt_history(conversation_history)
+        if system_message is not None:
+            self._system_prompt = system_message
+        for note in self._history.start_turn(user_message):
+            self.callbacks.emit("status_callback", "repaired", note)
+        self._budget = IterationBudget(self.settings.agent.max_turns)
+        return TurnState(
+            task_id=task_id or f"task_{uuid.uuid4().hex[:12]}",
+            history=self._history,
+            system_prompt=self._session_system_prompt(),
+        )
+
+    def _loop(self, turn: TurnState) -> NextStep:
+        while True:
+            step = self._run_iteration(turn)
+            match step:
+                case Continue():
+                    continue
+                case BudgetExhausted():
+                    turn.exit_reason = "budget_exhausted"
+                    return self._summarize_spent_budget(turn)
+                case Final() | Interrupted() | Failed():
+                    return step
+                case _:
+                    assert_never(step)
+
+    def _run_iteration(self, turn: TurnState) -> NextStep:
+        prepared = self._prepare_iteration(turn)
+        if not isinstance(prepared, PreparedRequest):
+            return prepared
+        reply = self._call_with_retries(turn, prepared)
+        if not isinstance(reply, NormalizedResponse):
+            return reply
+        checked = self._handle_truncation(turn, reply)
+        if not isinstance(checked, NormalizedResponse):
+            return checked
+        reply = self._check_empty_reply(turn, checked)
+        turn.history.append(
+            assistant_message(
+                reply.content,
+                tool_calls=reply.tool_calls,
+                reasoning=reply.reasoning,
+                provider_data=reply.provider_data,
+            )
+        )
+        step: NextStep = (
+            self._execute_tool_calls(turn, reply.tool_calls)
+            if reply.tool_calls
+            else Final(reply.content or "")
+        )
+        self.callbacks.emit(
+            "step_callback",
+            {
+                "api_calls": turn.api_calls,
+                "finish_reason": reply.finish_reason,
+                "tools": [call["function"]["name"] for call in reply.tool_calls],
+            },
+        )
+        return step
+
+    def _summarize_spent_budget(self, turn: TurnState) -> NextStep:
+        """One last call without tools, asking the model to sum up; its tool calls (if any) are not run."""
+        if self._signal.is_set():
+            return Interrupted()
+        note = _SUMMARY_REQUEST.format(limit=self._budget.limit)
+        messages = [*turn.history.messages, user_message(note)]
+        reply = self._call_with_retries(
+            turn, PreparedRequest(system_prompt=turn.system_prompt, messages=messages, tools=[])
+        )
+        if not isinstance(reply, NormalizedResponse):
+            return reply
+        text = reply.content or f"Stopped after {self._budget.limit} model calls without a final answer."
+        turn.history.append(assistant_message(text, reasoning=reply.reasoning))
+        return Final(text)
+
+    def _end_turn(self, turn: TurnState, step: NextStep) -> dict[str, Any]:
+        match step:
+            case Final(text):
+                turn.final_response = text
+            case Interrupted():
+                turn.exit_reason = "interrupted"
+                self.callbacks.emit("status_callback", "interrupted", "the turn was interrupted")
+            case Failed(error):
+                turn.exit_reason = "error"
+                turn.error = str(error)
+            case Continue() | BudgetExhausted():
+                raise AssertionError(f"the loop ended on {step!r}")
+            case _:
+                assert_never(step)
+        return {
+            "final_response": turn.final_response,
+            "messages": list(turn.history.messages),
+            "session_id": self.session_id,
+            "task_id": turn.task_id,
+            "api_calls": turn.api_calls,
+            "completed": turn.exit_reason == "completed",
+            "interrupted": turn.exit_reason == "interrupted",
+            "exit_reason": turn.exit_reason,
+            "usage": turn.usage.as_dict(),
+            "error": turn.error,
+        }

@@ -1,0 +1,58 @@
+"""An HTTP transport whose connections can be cut from another thread.
+
+Closing a socket's file descriptor does not wake a thread blocked reading it, and sends nothing to the
+server until that read returns. To abandon a call at once (interrupt, timeout) the connection must be
+shut down: that wakes the reader with an error and tells the provider to stop generating. The transport
+learns each connection's socket through httpcore's public `trace` request extension.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import weakref
+from typing import Any
+
+import httpx2
+
+
+class AbortableTransport(httpx2.BaseTransport):
+    """The default httpx2 transport, plus `abort()`: shut down every connection it opened, for good."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        self._inner = httpx2.HTTPTransport(**kwargs)
+        self._sockets: weakref.WeakSet[socket.socket] = weakref.WeakSet()
+        self._lock = threading.Lock()
+        self._aborted = False
+
+    def _trace(self, event: str, info: dict[str, Any]) -> None:
+        if event == "connection.connect_tcp.complete":
+            stream = info.get("return_value")
+            sock = stream.get_extra_info("socket") if stream is not None else None
+            if isinstance(sock, socket.socket):
+                with self._lock:
+                    self._sockets.add(sock)
+                    aborted = self._aborted
+                if aborted:  # connected after the call was abandoned: cut it too
+                    self.abort()
+
+    def handle_request(self, request: httpx2.Request) -> httpx2.Response:
+        if self._aborted:
+            raise httpx2.ConnectError("the call was abandoned", request=request)
+        request.extensions = {**request.extensions, "trace": self._trace}
+        return self._inner.handle_request(request)
+
+    def abort(self) -> None:
+        """Cut every open connection now; blocked reads fail at once and the server sees the hang-up."""
+        with self._lock:
+            self._aborted = True
+            sockets = list(self._sockets)
+            self._sockets.clear()
+        for sock in sockets:
+            # OSError: already closed by the other side, nothing left to cut
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        self._inner.close()

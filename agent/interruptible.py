@@ -1,0 +1,99 @@
+"""The interruptible call: blocking work on a worker thread, abandoned at once on interrupt.
+
+The caller waits on whichever comes first: the work finishing, the interrupt signal, or the timeout.
+An interrupted or timed-out call is abandoned: its `on_abandon` hook closes the connection so the
+provider stops generating, and whatever the worker still produces is discarded.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Generic, TypeVar
+
+from agent.errors import ProviderError, TurnInterrupted
+
+T = TypeVar("T")
+
+
+class InterruptSignal:
+    """A thread-safe interrupt flag that also wakes whoever waits on it."""
+
+    def __init__(self) -> None:
+        self._condition = threading.Condition()
+        self._set = False
+
+    def set(self) -> None:
+        with self._condition:
+            self._set = True
+            self._condition.notify_all()
+
+    def clear(self) -> None:
+        with self._condition:
+            self._set = False
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def notify(self) -> None:
+        """Wake the waiters so they re-check their condition."""
+        with self._condition:
+            self._condition.notify_all()
+
+    def wait_until(self, done: Callable[[], bool], timeout: float | None) -> bool:
+        """Wait until `done()` is true or the signal is set; False on timeout."""
+        with self._condition:
+            return self._condition.wait_for(lambda: self._set or done(), timeout)
+
+    def sleep(self, seconds: float) -> None:
+        """Sleep, but raise `TurnInterrupted` as soon as the signal is set."""
+        if self.wait_until(lambda: False, seconds) and self._set:
+            raise TurnInterrupted()
+
+
+class _Outcome(Generic[T]):
+    __slots__ = ("done", "error", "value")
+
+    def __init__(self) -> None:
+        self.done = False
+        self.value: T | None = None
+        self.error: BaseException | None = None
+
+
+def call_interruptibly(
+    work: Callable[[], T],
+    *,
+    signal: InterruptSignal,
+    timeout: float,
+    on_abandon: Callable[[], None] = lambda: None,
+    name: str = "mibyan-call",
+) -> T:
+    """Run `work()` on a worker thread and wait for it, the interrupt, or the timeout.
+
+    Raises:
+        TurnInterrupted: the signal was set before the work finished.
+        ProviderError: reason "timeout" when `timeout` seconds passed first.
+        Whatever `work()` raised.
+    """
+    outcome: _Outcome[T] = _Outcome()
+
+    def run() -> None:
+        try:
+            outcome.value = work()
+        except BaseException as exc:  # handed to the waiting thread, which re-raises it
+            outcome.error = exc
+        finally:
+            outcome.done = True
+            signal.notify()
+
+    worker = threading.Thread(target=run, name=name, daemon=True)
+    worker.start()
+    signal.wait_until(lambda: outcome.done, timeout)
+    if not outcome.done:
+        on_abandon()
+        if signal.is_set():
+            raise TurnInterrupted()
+        raise ProviderError(f"the model call took longer than {timeout:g} s", reason="timeout")
+    if outcome.error is not None:
+        raise outcome.error
+    return outcome.value  # type: ignore[return-value]

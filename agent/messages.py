@@ -1,0 +1,213 @@
+"""The message model and its rules, enforced in this one place.
+
+History is a list of OpenAI chat-format dicts without the system prompt (the agent keeps that apart):
+`user`, `assistant` (`content`, optional `tool_calls`, `reasoning`, `provider_data`) and `tool`
+(`tool_call_id`, `content`). The rules every provider checks:
+
+- user and assistant alternate; only `tool` messages repeat;
+- every tool call of an assistant message has exactly one result, in the order of the calls,
+  before the next user or assistant message.
+
+`History` is the only thing that mutates a conversation: a live append that would break a rule is a bug
+and raises `HistoryError`; a loaded history that breaks them (interrupt, crash, hand-edited import) is
+mended by `repair_history`, which adds what is missing and reports everything it changed.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any, Protocol
+
+from agent.errors import MibyanError
+
+Message = dict[str, Any]
+
+INTERRUPTED_RESULT = "interrupted: no result"
+_NO_REPLY = "(no reply: the turn was interrupted before an answer)"
+_CONTINUE = "(continue)"
+
+
+class HistoryError(MibyanError):
+    """An append would break the message rules: a bug in the caller, never the user's fault."""
+
+
+class MessageSink(Protocol):
+    """Where history changes are persisted (the session store, or nothing)."""
+
+    def append_message(self, message: Message) -> None: ...
+
+    def replace_messages(self, messages: list[Message]) -> None: ...
+
+
+def user_message(content: str) -> Message:
+    return {"role": "user", "content": content}
+
+
+def assistant_message(
+    content: str | None,
+    *,
+    tool_calls: list[dict[str, Any]] | None = None,
+    reasoning: str | None = None,
+    provider_data: dict[str, Any] | None = None,
+) -> Message:
+    message: Message = {"role": "assistant", "content": content}
+    if tool_calls:
+        message["tool_calls"] = tool_calls
+    if reasoning:
+        message["reasoning"] = reasoning
+    if provider_data:
+        message["provider_data"] = provider_data
+    return message
+
+
+def tool_message(tool_call_id: str, content: str, *, name: str | None = None) -> Message:
+    message: Message = {"role": "tool", "tool_call_id": tool_call_id, "content": content}
+    if name:
+        message["name"] = name
+    return message
+
+
+def tool_call_ids(message: Message) -> list[str]:
+    return [call["id"] for call in message.get("tool_calls") or ()]
+
+
+def repair_history(messages: list[Message]) -> tuple[list[Message], list[str]]:
+    """Return a copy of `messages` that obeys the rules, and a note for each change made.
+
+    Missing tool results get a synthetic "interrupted: no result"; results are put in the order of their
+    calls; two user (or two assistant) messages in a row get a placeholder between them. A tool result that
+    answers no call, or a system message inside the history, cannot be placed anywhere valid: it is left out
+    and reported. An empty list of notes means the history was already valid.
+    """
+    out: list[Message] = []
+    notes: list[str] = []
+    pending: list[str] = []
+    results: dict[str, Message] = {}
+
+    def close_tool_block() -> None:
+        for call_id in pending:
+            if call_id in results:
+                out.append(results.pop(call_id))
+            else:
+                out.append(tool_message(call_id, INTERRUPTED_RESULT))
+                notes.append(f"added the missing result of tool call {call_id}")
+        pending.clear()
+
+    for message in messages:
+        role = message.get("role")
+        if role == "tool":
+            call_id = message.get("tool_call_id")
+            if call_id in pending and call_id not in results:
+                if pending[len(results)] != call_id:
+                    notes.append(f"moved the result of tool call {call_id} to the order of the calls")
+                results[call_id] = message
+            else:
+                notes.append(f"left out a tool result that answers no call ({call_id})")
+            continue
+        if pending:
+            close_tool_block()
+        previous = out[-1]["role"] if out else None
+        if role == "user":
+            if previous == "user":
+                out.append(assistant_message(_NO_REPLY))
+                notes.append("added a placeholder reply between two user messages")
+        elif role == "assistant":
+            if previous in ("assistant", None):
+                out.append(user_message(_CONTINUE))
+                notes.append("added a placeholder user message before an assistant message")
+        else:
+            notes.append(f"left out a message with role {role!r} inside the history")
+            continue
+        out.append(message)
+        pending.extend(tool_call_ids(message))
+    if pending:
+        close_tool_block()
+    return out, notes
+
+
+class History:
+    """The conversation of one session, and the one place that changes it.
+
+    Args:
+        messages: an existing history (loaded or passed in); repaired on `repair()`.
+        sink: where every change is persisted as it happens.
+    """
+
+    def __init__(self, messages: list[Message] | None = None, *, sink: MessageSink | None = None) -> None:
+        self._messages: list[Message] = list(messages or [])
+        self._sink = sink
+        self._expected: deque[str] = deque()
+        self._recount_expected()
+
+    @property
+    def messages(self) -> list[Message]:
+        """The messages, oldest first. Read it; change it only through this class."""
+        return self._messages
+
+    def __len__(self) -> int:
+        return len(self._messages)
+
+    @property
+    def pending_tool_calls(self) -> list[str]:
+        """Ids of tool calls of the last assistant message that have no result yet, in order."""
+        return list(self._expected)
+
+    def _recount_expected(self) -> None:
+        self._expected.clear()
+        for index in range(len(self._messages) - 1, -1, -1):
+            role = self._messages[index].get("role")
+            if role == "assistant":
+                answered = {m.get("tool_call_id") for m in self._messages[index + 1 :]}
+                self._expected.extend(i for i in tool_call_ids(self._messages[index]) if i not in answered)
+                return
+            if role == "user":
+                return
+
+    def append(self, message: Message) -> None:
+        """Append one message, enforcing the rules, and persist it."""
+        role = message.get("role")
+        if role == "tool":
+            if not self._expected or message.get("tool_call_id") != self._expected[0]:
+                raise HistoryError(
+                    f"tool result {message.get('tool_call_id')!r} does not answer the next pending call"
+                )
+            self._expected.popleft()
+        elif role in ("user", "assistant"):
+            if self._expected:
+                raise HistoryError(f"{role} message while tool calls {list(self._expected)} have no result")
+            if self._messages and self._messages[-1].get("role") == role:
+                raise HistoryError(f"two {role} messages in a row")
+            if role == "assistant" and not self._messages:
+                raise HistoryError("a history cannot start with an assistant message")
+            self._expected.extend(tool_call_ids(message))
+        else:
+            raise HistoryError(f"unknown role {role!r}")
+        self._messages.append(message)
+        if self._sink is not None:
+            self._sink.append_message(message)
+
+    def repair(self) -> list[str]:
+        """Mend a history that breaks the rules, persist the mended one, and say what changed."""
+        fixed, notes = repair_history(self._messages)
+        if notes:
+            self._messages = fixed
+            self._recount_expected()
+            if self._sink is not None:
+                self._sink.replace_messages(fixed)
+        return notes
+
+    def start_turn(self, content: str) -> list[str]:
+        """Begin a user turn: close whatever the last turn left open, then append the user message.
+
+        An interrupted turn can leave tool calls without results or a user message without a reply;
+        both are closed with synthetic messages first, so nothing the user said is lost or merged.
+        """
+        notes = self.repair()
+        for call_id in list(self._expected):
+            self.append(tool_message(call_id, INTERRUPTED_RESULT))
+            notes.append(f"added the missing result of tool call {call_id}")
+        if self._messages and self._messages[-1].get("role") == "user":
+            self.append(assistant_message(_NO_REPLY))
+            notes.append("added a placeholder reply to the unanswered user message")
+        self.append(user_message(content))
+        return notes

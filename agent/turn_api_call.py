@@ -1,0 +1,71 @@
+"""Turn steps 7-8: build the request for the API mode and make the interruptible (streaming) call."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agent.adapters.base import Adapter, CallHandle, NormalizedResponse
+from agent.agent_init import ProviderRuntime, build_client
+from agent.callbacks import Callbacks, StreamRelay
+from agent.interruptible import InterruptSignal, call_interruptibly
+from agent.prompt_caching import apply_prompt_caching
+from agent.turn_state import PreparedRequest, TurnState
+from config.loader import AgentSettings
+
+#: Slack over the SDK's own timeout, so the SDK's clearer timeout error normally wins the race.
+_TIMEOUT_SLACK = 5.0
+
+
+class ApiCallMixin:
+    """Makes one model call: request building, caching markers, the call itself, usage accounting."""
+
+    settings: AgentSettings
+    runtime: ProviderRuntime
+    callbacks: Callbacks
+    _signal: InterruptSignal
+    _client: Any
+    _adapter: Adapter
+
+    def _sdk_client(self) -> Any:
+        if self._client is None:
+            self._client = build_client(self.runtime, self.settings)
+        return self._client
+
+    def _abandon_call(self, handle: CallHandle, client: Any) -> None:
+        # Cutting the connections stops the provider generating for nobody; the next call gets a new client.
+        handle.abandoned = True
+        client._client._transport.abort()
+        if self._client is client:
+            self._client = None
+
+    def _call_model_once(self, turn: TurnState, request: PreparedRequest) -> NormalizedResponse:
+        """One call to the model. Raises TurnInterrupted, ProviderError or the SDK's own errors."""
+        agent = self.settings.agent
+        body = self._adapter.build_request(
+            model=self.runtime.model,
+            system_prompt=request.system_prompt,
+            messages=request.messages,
+            tools=request.tools,
+            stream=agent.stream,
+            max_tokens=agent.max_tokens,
+            temperature=agent.temperature,
+        )
+        body = apply_prompt_caching(body, self.runtime.api_mode)
+        client = self._sdk_client()
+        handle = CallHandle()
+        relay = StreamRelay(self.callbacks, self._signal)
+        relay.start()
+        try:
+            response = call_interruptibly(
+                lambda: self._adapter.send(
+                    client, body, stream=agent.stream, events=relay, handle=handle, timeout=agent.api_timeout
+                ),
+                signal=self._signal,
+                timeout=agent.api_timeout + _TIMEOUT_SLACK,
+                on_abandon=lambda: self._abandon_call(handle, client),
+            )
+        finally:
+            relay.stop()
+        turn.api_calls += 1
+        turn.usage.add(response.usage)
+        return response

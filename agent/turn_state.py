@@ -1,0 +1,73 @@
+"""The state of one `run_conversation`, and the steps a turn phase can return."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from agent.adapters.base import ToolSchema, Usage
+from agent.errors import MibyanError
+from agent.messages import History, Message
+
+ExitReason = Literal["completed", "budget_exhausted", "interrupted", "error"]
+
+
+@dataclass
+class TurnState:
+    """Everything one run_conversation accumulates: its history, counters and outcome."""
+
+    task_id: str
+    history: History
+    system_prompt: str
+    api_calls: int = 0
+    usage: Usage = field(default_factory=Usage)
+    final_response: str | None = None
+    exit_reason: ExitReason = "completed"
+    error: str | None = None
+    tool_failures: dict[str, int] = field(default_factory=dict)
+    overflow_retried: bool = False
+
+
+@dataclass(frozen=True)
+class PreparedRequest:
+    """What one model call will send: the system prompt (with this call's ephemeral layers), the history
+    and the tools offered."""
+
+    system_prompt: str
+    messages: list[Message]
+    tools: list[ToolSchema]
+
+
+# The steps. A phase returns one; the loop matches on it.
+
+
+@dataclass(frozen=True)
+class Continue:
+    """Tool results were appended: call the model again."""
+
+
+@dataclass(frozen=True)
+class Final:
+    """The model answered; the turn is complete."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class Interrupted:
+    """The turn was interrupted; the history is valid and holds nothing of the partial reply."""
+
+
+@dataclass(frozen=True)
+class BudgetExhausted:
+    """The iteration budget is spent: one last call without tools summarizes the work."""
+
+
+@dataclass(frozen=True)
+class Failed:
+    """The turn cannot go on: the error says why."""
+
+    error: MibyanError
+
+
+NextStep = Continue | Final | Interrupted | BudgetExhausted | Failed

@@ -1,0 +1,164 @@
+"""`mibyan chat`: the one-shot prompt (-q) and the interactive chat."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import threading
+from types import FrameType
+from typing import TYPE_CHECKING, Any
+
+from cli.main import EXIT_BUDGET, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
+from cli.progress import Progress
+
+if TYPE_CHECKING:
+    from run_agent import AIAgent
+
+_EXIT_CODES = {
+    "completed": EXIT_OK,
+    "error": EXIT_ERROR,
+    "budget_exhausted": EXIT_BUDGET,
+    "interrupted": EXIT_INTERRUPTED,
+}
+
+
+def _preload_sdk(args: argparse.Namespace) -> None:
+    """Start importing the SDK in use on a background thread: it is the slowest part of start-up."""
+    anthropic = args.api_mode == "anthropic_messages" or (args.provider == "anthropic" and not args.api_mode)
+    module = "anthropic" if anthropic else "openai"
+    threading.Thread(target=__import__, args=(module,), name="mibyan-preload", daemon=True).start()
+
+
+def _read_prompt(query: str) -> str | None:
+    text = sys.stdin.read() if query == "-" else query
+    return text.strip() or None
+
+
+def _make_agent(args: argparse.Namespace, progress: Progress) -> AIAgent:
+    from run_agent import AIAgent
+
+    toolsets = [t.strip() for t in args.toolsets.split(",") if t.strip()] if args.toolsets else None
+    return AIAgent(
+        model=args.model,
+        provider=args.provider,
+        base_url=args.base_url,
+        api_mode=args.api_mode,
+        max_iterations=args.max_turns,
+        enabled_toolsets=toolsets,
+        stream=False if getattr(args, "json", False) else None,
+        **progress.callbacks(),
+    )
+
+
+class _InterruptHandler:
+    """Ctrl-C interrupts the running turn; a second one exits at once with code 130."""
+
+    def __init__(self, agent: AIAgent) -> None:
+        self._agent = agent
+        self._pressed = False
+
+    def __call__(self, signum: int, frame: FrameType | None) -> None:
+        if self._pressed:
+            raise KeyboardInterrupt
+        self._pressed = True
+        self._agent.interrupt()
+
+    def reset(self) -> None:
+        self._pressed = False
+
+
+def _one_shot(agent: AIAgent, prompt: str, args: argparse.Namespace, progress: Progress) -> int:
+    handler = _InterruptHandler(agent)
+    signal.signal(signal.SIGINT, handler)
+    result = agent.run_conversation(prompt)
+    progress.end_answer()
+    if args.json:
+        json.dump(_json_result(result), sys.stdout, ensure_ascii=False, indent=2)
+        sys.stdout.write("\n")
+    elif not progress.streamed_answer and result["final_response"]:
+        sys.stdout.write(result["final_response"] + "\n")
+    if result["error"]:
+        sys.stderr.write(f"mibyan: {result['error']}\n")
+    elif result["exit_reason"] == "budget_exhausted":
+        sys.stderr.write(
+            f"mibyan: stopped: the budget of {agent.settings.agent.max_turns} model calls is spent\n"
+        )
+    return _EXIT_CODES[result["exit_reason"]]
+
+
+def _json_result(result: dict[str, Any]) -> dict[str, Any]:
+    return {
+        key: result[key]
+        for key in (
+            "final_response",
+            "session_id",
+            "task_id",
+            "exit_reason",
+            "completed",
+            "interrupted",
+            "api_calls",
+            "usage",
+            "error",
+            "messages",
+        )
+    }
+
+
+def _repl(agent: AIAgent, progress: Progress) -> int:
+    handler = _InterruptHandler(agent)
+    signal.signal(signal.SIGINT, handler)
+    sys.stderr.write(
+        f"mibyan · {agent.runtime.model} via {agent.runtime.provider} · session {agent.session_id}\n"
+        "Type /exit or press Ctrl-D to leave; Ctrl-C stops a running answer.\n"
+    )
+    while True:
+        handler.reset()
+        try:
+            line = input("› ")
+        except EOFError:
+            sys.stderr.write("\n")
+            return EXIT_OK
+        except KeyboardInterrupt:
+            sys.stderr.write("\n")
+            return EXIT_INTERRUPTED
+        text = line.strip()
+        if not text:
+            continue
+        if text in ("/exit", "/quit"):
+            return EXIT_OK
+        progress.reset()
+        result = agent.run_conversation(text)
+        progress.end_answer()
+        if not progress.streamed_answer and result["final_response"]:
+            sys.stdout.write(result["final_response"] + "\n")
+        if result["error"]:
+            sys.stderr.write(f"mibyan: {result['error']}\n")
+        elif result["interrupted"]:
+            sys.stderr.write("(interrupted)\n")
+
+
+def run_chat(args: argparse.Namespace) -> int:
+    from agent.errors import MibyanError
+
+    prompt = None
+    if args.query is not None:
+        prompt = _read_prompt(args.query)
+        if prompt is None:
+            sys.stderr.write("mibyan: error: the prompt is empty\n")
+            return EXIT_USAGE
+    _preload_sdk(args)
+    progress = Progress(quiet=args.quiet, stream_answer=not getattr(args, "json", False))
+    try:
+        agent = _make_agent(args, progress)
+    except MibyanError as exc:
+        sys.stderr.write(f"mibyan: {exc}\n")
+        return EXIT_USAGE
+    try:
+        if prompt is not None:
+            return _one_shot(agent, prompt, args, progress)
+        return _repl(agent, progress)
+    except KeyboardInterrupt:
+        sys.stderr.write("\n")
+        return EXIT_INTERRUPTED

@@ -1,0 +1,96 @@
+"""The `mibyan` command: argument parsing and dispatch.
+
+This module imports only the standard library at the top: `mibyan --help` must answer at once, and
+each command imports what it uses (the SDK in use, and only it) when it runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+EXIT_BUDGET = 3
+EXIT_INTERRUPTED = 130
+
+API_MODES = ("chat_completions", "codex_responses", "anthropic_messages")
+VERSION = "0.1.0"
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a usage error as one line, exit code 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        sys.stderr.write(f"mibyan: error: {message} (see 'mibyan --help')\n")
+        raise SystemExit(EXIT_USAGE)
+
+
+def _add_agent_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-m", "--model", help="model name (default: model.name in config)")
+    parser.add_argument("--provider", help="provider from the config: openai, anthropic, openrouter, ...")
+    parser.add_argument("--base-url", help="the provider's API address (e.g. a local server)")
+    parser.add_argument(
+        "--api-mode",
+        choices=API_MODES,
+        metavar="MODE",
+        help=f"wire API: {', '.join(API_MODES)} (default: resolved from the provider)",
+    )
+    parser.add_argument(
+        "--max-turns", type=int, metavar="N", help="model calls one prompt may make (default 500)"
+    )
+    parser.add_argument("--toolsets", metavar="LIST", help="comma-separated toolsets the model may use")
+    parser.add_argument("-Q", "--quiet", action="store_true", help="no progress output on stderr")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="mibyan",
+        description="mibyan: an AI agent in your terminal. Chat, run one-shot prompts, resume sessions.",
+        epilog="Exit codes: 0 completed, 1 runtime error, 2 usage or config error, 3 budget exhausted, "
+        "130 interrupted.",
+    )
+    parser.add_argument("--version", action="version", version=f"mibyan {VERSION}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    chat = commands.add_parser(
+        "chat",
+        help="chat in the terminal, or answer one prompt with -q",
+        description="Chat with the agent; with -q, answer one prompt and exit.",
+    )
+    chat.add_argument(
+        "-q",
+        "--query",
+        metavar="PROMPT",
+        help="answer PROMPT and exit (answer on stdout, progress on stderr); '-' reads stdin",
+    )
+    chat.add_argument("--json", action="store_true", help="with -q: print the whole result as JSON")
+    _add_agent_options(chat)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `mibyan` console script."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return EXIT_OK
+    try:
+        if args.command == "chat":
+            from cli.chat import run_chat
+
+            return run_chat(args)
+    except BrokenPipeError:
+        # the reader (`| head`) went away: stop quietly, as command-line tools do
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_ERROR
+    parser.error(f"unknown command {args.command!r}")
+    return EXIT_USAGE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

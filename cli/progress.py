@@ -1,0 +1,71 @@
+"""Plain-text progress for one-shot runs: the answer streams to stdout, everything else to stderr."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+_ARGS_PREVIEW = 80
+
+
+def _preview_args(raw: Any) -> str:
+    try:
+        parsed = json.loads(raw) if isinstance(raw, str) else raw
+        text = ", ".join(f"{k}={v!r}" for k, v in parsed.items()) if isinstance(parsed, dict) else str(raw)
+    except (ValueError, TypeError):
+        text = str(raw)
+    return text if len(text) <= _ARGS_PREVIEW else text[: _ARGS_PREVIEW - 1] + "…"
+
+
+class Progress:
+    """The callbacks of a plain terminal run."""
+
+    def __init__(self, *, quiet: bool, stream_answer: bool) -> None:
+        self.quiet = quiet
+        self.stream_answer = stream_answer
+        self.streamed_answer = False
+        self._mid_line = False
+
+    def callbacks(self) -> dict[str, Any]:
+        callbacks: dict[str, Any] = {}
+        if self.stream_answer:
+            callbacks["stream_delta_callback"] = self.on_delta
+        if not self.quiet:
+            callbacks["tool_progress_callback"] = self.on_tool
+            callbacks["status_callback"] = self.on_status
+        return callbacks
+
+    def on_delta(self, text: str) -> None:
+        self.streamed_answer = True
+        self._mid_line = not text.endswith("\n")
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+    def end_answer(self) -> None:
+        if self._mid_line:
+            sys.stdout.write("\n")
+            sys.stdout.flush()
+        self._mid_line = False
+
+    def _note(self, line: str) -> None:
+        if self._mid_line:
+            # the model said something before calling tools: finish its line first
+            self.end_answer()
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+
+    def on_tool(self, phase: str, name: str, detail: dict[str, Any]) -> None:
+        if phase == "end":
+            status = "ok" if detail.get("ok") else "failed"
+            self._note(
+                f"  ⚙ {name}({_preview_args(detail.get('arguments'))}) · {status} · "
+                f"{detail.get('duration', 0):.1f}s"
+            )
+
+    def on_status(self, kind: str, message: str) -> None:
+        if kind != "interrupted":
+            self._note(f"  · {message}")
+
+    def reset(self) -> None:
+        self.streamed_answer = False

@@ -1,0 +1,169 @@
+"""Load mibyan's settings from its layers and validate them.
+
+Layers, later wins: the built-in `defaults.yaml` → `$MIBYAN_HOME/config.yaml` → `./.mibyan/config.yaml`
+→ environment → overrides (command-line flags or constructor arguments). Each layer is validated as it
+is merged, so an error can name the file (or variable) that introduced it and the key it is about.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from agent.errors import ConfigError
+
+ApiMode = Literal["chat_completions", "codex_responses", "anthropic_messages"]
+API_MODES: tuple[str, ...] = ("chat_completions", "codex_responses", "anthropic_messages")
+DEFAULTS_PATH = Path(__file__).with_name("defaults.yaml")
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelSettings(_Section):
+    provider: str
+    name: str
+    context_window: int | None = Field(default=None, gt=0)
+
+
+class ProviderSettings(_Section):
+    api_mode: ApiMode | None = None
+    base_url: str | None = None
+    api_key_env: str | None = None
+
+
+class FallbackSettings(_Section):
+    provider: str
+    model: str | None = None
+
+
+class AgentSection(_Section):
+    max_turns: int = Field(default=500, gt=0)
+    stream: bool = True
+    api_timeout: float = Field(default=600, gt=0)
+    api_max_retries: int = Field(default=3, ge=0)
+    max_retry_wait: float = Field(default=60, ge=0)
+    max_tokens: int | None = Field(default=None, gt=0)
+    temperature: float | None = Field(default=None, ge=0, le=2)
+
+
+class ToolsSection(_Section):
+    toolsets: list[str] = ["core"]
+    allow: list[str] = []
+    deny: list[str] = []
+
+
+class AgentSettings(_Section):
+    """The resolved configuration of one agent. Frozen: nothing changes it after start-up."""
+
+    model: ModelSettings
+    providers: dict[str, ProviderSettings]
+    agent: AgentSection = AgentSection()
+    tools: ToolsSection = ToolsSection()
+    fallback_providers: list[FallbackSettings] = []
+
+
+def mibyan_home(env: Mapping[str, str] | None = None) -> Path:
+    """The data directory: `$MIBYAN_HOME`, else `~/.mibyan`."""
+    env = os.environ if env is None else env
+    raw = env.get("MIBYAN_HOME")
+    return Path(raw).expanduser() if raw else Path.home() / ".mibyan"
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    try:
+        data = yaml.load(text, Loader=loader)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}: " if mark is not None else ""
+        problem = getattr(exc, "problem", None) or "not valid YAML"
+        raise ConfigError(f"{path}: {where}malformed YAML ({problem})") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of keys, not {type(data).__name__}")
+    return data
+
+
+def deep_merge(base: Mapping[str, Any], layer: Mapping[str, Any]) -> dict[str, Any]:
+    """Merge `layer` over `base`; mappings merge key by key, everything else is replaced."""
+    merged = dict(base)
+    for key, value in layer.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
+            merged[key] = deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _validate(data: Mapping[str, Any], source: str) -> AgentSettings:
+    try:
+        return AgentSettings.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        key = ".".join(str(part) for part in first["loc"]) or "(top level)"
+        message = "unknown key" if first["type"] == "extra_forbidden" else first["msg"]
+        raise ConfigError(f"{source}: {key}: {message}") from None
+
+
+def _environment_layer(env: Mapping[str, str]) -> list[tuple[str, dict[str, Any]]]:
+    layers: list[tuple[str, dict[str, Any]]] = []
+    if env.get("MIBYAN_PROVIDER"):
+        layers.append(("environment MIBYAN_PROVIDER", {"model": {"provider": env["MIBYAN_PROVIDER"]}}))
+    if env.get("MIBYAN_MODEL"):
+        layers.append(("environment MIBYAN_MODEL", {"model": {"name": env["MIBYAN_MODEL"]}}))
+    for provider, variable in (("openai", "OPENAI_BASE_URL"), ("anthropic", "ANTHROPIC_BASE_URL")):
+        if env.get(variable):
+            layers.append((f"environment {variable}", {"providers": {provider: {"base_url": env[variable]}}}))
+    return layers
+
+
+def load_settings(
+    *,
+    home: Path | None = None,
+    cwd: Path | None = None,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> AgentSettings:
+    """Merge and validate every configuration layer.
+
+    Args:
+        home: the mibyan home; `$MIBYAN_HOME` or `~/.mibyan` when omitted.
+        cwd: where to look for the project's `.mibyan/config.yaml`; the process's cwd when omitted.
+        env: the environment to read; `os.environ` when omitted.
+        overrides: the last layer (flags or constructor arguments), in the files' shape.
+
+    Raises:
+        ConfigError: one line naming the file (or variable) and the key that is wrong.
+    """
+    env = os.environ if env is None else env
+    home = mibyan_home(env) if home is None else home
+    cwd = Path.cwd() if cwd is None else cwd
+    layers: list[tuple[str, dict[str, Any]]] = []
+    for path in (home / "config.yaml", cwd / ".mibyan" / "config.yaml"):
+        if path.is_file():
+            layers.append((str(path), _read_yaml(path)))
+    layers.extend(_environment_layer(env))
+    if overrides:
+        layers.append(("arguments", dict(overrides)))
+
+    merged = _read_yaml(DEFAULTS_PATH)
+    settings = _validate(merged, str(DEFAULTS_PATH))
+    for source, layer in layers:
+        merged = deep_merge(merged, layer)
+        settings = _validate(merged, source)
+    if settings.model.provider not in settings.providers:
+        known = ", ".join(sorted(settings.providers))
+        raise ConfigError(f"model.provider: unknown provider '{settings.model.provider}' (known: {known})")
+    return settings

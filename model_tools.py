@@ -1,0 +1,86 @@
+"""Tool schemas for a toolset selection, and dispatch of one call to its handler.
+
+`handle_function_call` never raises for the model's mistakes: an unknown tool, arguments that are not
+JSON or do not fit the schema, or a handler that fails all come back as text the model can act on.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+from agent.adapters.base import ToolSchema
+from agent.errors import ToolError
+from tools import builtin  # noqa: F401  (registers the built-in tools)
+from tools.registry import ToolSpec, get_tool, select_tools
+
+log = logging.getLogger("mibyan.tools")
+
+
+def get_tool_definitions(
+    toolsets: Iterable[str] = ("core",), *, allow: Iterable[str] = (), deny: Iterable[str] = ()
+) -> list[ToolSchema]:
+    """The schemas the model sees for this selection of toolsets, allow and deny lists."""
+    return [spec.schema for spec in select_tools(toolsets, allow=allow, deny=deny)]
+
+
+def parse_arguments(raw: str | dict[str, Any] | None) -> dict[str, Any]:
+    """The model's arguments as a dict. Raises ToolError with a message for the model."""
+    if isinstance(raw, dict):
+        return raw
+    if raw is None or not raw.strip():
+        return {}
+    try:
+        parsed = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise ToolError(
+            f"the arguments are not valid JSON ({exc.msg} at position {exc.pos}); send a JSON object"
+        ) from None
+    if not isinstance(parsed, dict):
+        raise ToolError("the arguments must be a JSON object")
+    return parsed
+
+
+def check_arguments(spec: ToolSpec, args: dict[str, Any]) -> None:
+    """Reject arguments the schema does not allow, with a message the model can act on."""
+    properties = spec.schema.parameters.get("properties", {})
+    unknown = sorted(set(args) - set(properties))
+    if unknown:
+        raise ToolError(
+            f"unknown argument(s) {', '.join(unknown)}; {spec.name} takes: "
+            f"{', '.join(properties) or 'no arguments'}"
+        )
+    missing = [n for n in spec.schema.parameters.get("required", []) if n not in args]
+    if missing:
+        raise ToolError(f"missing required argument(s): {', '.join(missing)}")
+
+
+def run_tool(spec: ToolSpec, args: dict[str, Any], task_id: str | None) -> str:
+    """Call the handler; its failures raise ToolError with a message for the model."""
+    check_arguments(spec, args)
+    kwargs = dict(args)
+    if spec.wants_task_id:
+        kwargs["task_id"] = task_id
+    try:
+        result = spec.handler(**kwargs)
+    except ToolError:
+        raise
+    except Exception as exc:  # a tool boundary: the failure becomes text for the model
+        log.warning("tool %s raised %s", spec.name, exc, exc_info=True)
+        raise ToolError(f"{type(exc).__name__}: {exc}") from exc
+    if result is None:
+        return ""
+    return result if isinstance(result, str) else json.dumps(result, ensure_ascii=False, default=str)
+
+
+def handle_function_call(name: str, args: str | dict[str, Any] | None, task_id: str | None = None) -> str:
+    """Run one tool call and return its result as text; errors come back as "error: ..." text."""
+    spec = get_tool(name)
+    if spec is None:
+        return f"error: unknown tool {name!r}"
+    try:
+        return run_tool(spec, parse_arguments(args), task_id)
+    except ToolError as exc:
+        return f"error: {exc}"

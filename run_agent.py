@@ -1,0 +1,86 @@
+"""AIAgent: the public facade of mibyan's agent. The loop and its phases live in the agent/ mixins."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from agent.agent_init import init_agent
+from agent.conversation_loop import ConversationLoopMixin
+from agent.prompt_builder import PromptBuilderMixin
+from agent.tool_executor import ToolExecutorMixin
+from agent.turn_api_call import ApiCallMixin
+from agent.turn_api_error import ApiErrorMixin
+from agent.turn_iteration_prep import IterationPrepMixin
+from agent.turn_overflow import OverflowMixin
+from agent.turn_recovery import RecoveryMixin
+from agent.turn_truncation import TruncationMixin
+
+__all__ = ["AIAgent"]
+
+
+class AIAgent(
+    ConversationLoopMixin,
+    IterationPrepMixin,
+    ApiCallMixin,
+    ApiErrorMixin,
+    OverflowMixin,
+    TruncationMixin,
+    RecoveryMixin,
+    ToolExecutorMixin,
+    PromptBuilderMixin,
+):
+    """A mibyan agent: one provider chain, one tool selection, one session.
+
+    Args:
+        model: the model name; `model.name` from the configuration when omitted.
+        provider: a provider of the configuration (`openai`, `anthropic`, `openrouter`, or your own).
+        base_url: the provider's API address, overriding the configured one.
+        api_key: the key, overriding the provider's `api_key_env` variable.
+        api_mode: "chat_completions", "codex_responses" or "anthropic_messages"; resolved when omitted.
+        max_iterations: model calls one run_conversation may make (`agent.max_turns`, default 500).
+        enabled_toolsets: the toolsets the model sees (`tools.toolsets`).
+        session_id: continue this session; a new one is started when omitted.
+        home: the mibyan home (`$MIBYAN_HOME`, else `~/.mibyan`).
+        stream: stream replies (`agent.stream`, default True).
+        fallback_providers: `[{"provider": ..., "model": ...}]` to fail over to, in order.
+        **callbacks: the callbacks of `agent.callbacks.Callbacks`, by name.
+
+    Raises:
+        ConfigError: a broken configuration or a missing key, as one line naming the file and key.
+    """
+
+    def __init__(
+        self,
+        model: str | None = None,
+        provider: str | None = None,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        api_mode: str | None = None,
+        max_iterations: int | None = None,
+        enabled_toolsets: list[str] | None = None,
+        session_id: str | None = None,
+        home: str | os.PathLike[str] | None = None,
+        stream: bool | None = None,
+        fallback_providers: list[dict[str, Any]] | None = None,
+        **callbacks: Any,
+    ) -> None:
+        init_agent(
+            self,
+            model=model,
+            provider=provider,
+            base_url=base_url,
+            api_key=api_key,
+            api_mode=api_mode,
+            max_iterations=max_iterations,
+            enabled_toolsets=enabled_toolsets,
+            session_id=session_id,
+            home=home,
+            stream=stream,
+            fallback_providers=fallback_providers,
+            callbacks=callbacks,
+        )
+
+    def chat(self, message: str) -> str:
+        """Send one message and return the final answer (the simple interface to run_conversation)."""
+        return str(self.run_conversation(message)["final_response"] or "")

@@ -1,0 +1,78 @@
+"""Shared fixtures: a scripted loopback server, a private mibyan home, agents wired to both."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from loopback import ScriptedServer
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = Path(__file__).parent / "fixtures" / "recorded"
+
+
+@pytest.fixture
+def server() -> Iterator[ScriptedServer]:
+    with ScriptedServer() as scripted:
+        yield scripted
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Path:
+    path = tmp_path / "home"
+    path.mkdir()
+    (path / "config.yaml").write_text("agent:\n  api_max_retries: 0\n")
+    return path
+
+
+@pytest.fixture(autouse=True)
+def _isolated_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    for name in (
+        "OPENAI_API_KEY",
+        "ANTHROPIC_API_KEY",
+        "OPENROUTER_API_KEY",
+        "OPENAI_BASE_URL",
+        "ANTHROPIC_BASE_URL",
+        "MIBYAN_MODEL",
+        "MIBYAN_PROVIDER",
+    ):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("MIBYAN_HOME", str(tmp_path / "default-home"))
+    monkeypatch.chdir(tmp_path)
+
+
+@pytest.fixture
+def make_agent(server: ScriptedServer, home: Path) -> Callable[..., Any]:
+    from run_agent import AIAgent
+
+    def make(**kwargs: Any) -> AIAgent:
+        kwargs.setdefault("base_url", server.base_url)
+        kwargs.setdefault("home", home)
+        return AIAgent(**kwargs)
+
+    return make
+
+
+def run_cli(
+    *args: str, home: Path, stdin: str | None = None, env: dict[str, str] | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    """Run the real `mibyan` entry point in a subprocess."""
+    environment = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY")}
+    environment.update({"MIBYAN_HOME": str(home), "PYTHONPATH": str(ROOT)})
+    environment.update(env or {})
+    return subprocess.run(
+        [sys.executable, "-m", "cli.main", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        env=environment,
+        timeout=timeout,
+    )

@@ -1,0 +1,5 @@
+"""Importing this module registers mibyan's built-in tools."""
+
+from tools import file_tools
+
+__all__ = ["file_tools"]

@@ -1,0 +1,161 @@
+"""The tool registry: `@tool` turns a typed, documented function into a tool the model can call.
+
+The JSON schema comes from the type hints (through pydantic) and the descriptions from the docstring:
+its first paragraph describes the tool to the model, its `Args:` section describes each argument.
+The registry is the one piece of module-level mutable state mibyan has.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, get_type_hints
+
+from agent.adapters.base import ToolSchema
+
+ToolHandler = Callable[..., Any]
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """A registered tool.
+
+    Attributes:
+        name: what the model calls it.
+        toolset: the group it belongs to ("core", "files", ...); toolsets are selected in config.
+        handler: the function; called with the model's arguments as keywords (plus `task_id` if it asks).
+        schema: what the model sees.
+        interactive: runs alone and in order (it asks the user something).
+        max_result_chars: longer results are cut, with a note saying how much was cut.
+        resource: names the argument whose value is the resource a call touches (calls on one
+            resource run in order).
+        dangerous: a function that says why a call needs the user's approval, or None when it does not.
+    """
+
+    name: str
+    toolset: str
+    handler: ToolHandler
+    schema: ToolSchema
+    interactive: bool = False
+    max_result_chars: int = 50_000
+    resource: str | None = None
+    dangerous: Callable[[dict[str, Any]], str | None] | None = None
+    wants_task_id: bool = False
+
+
+_REGISTRY: dict[str, ToolSpec] = {}
+
+_ARG_LINE = re.compile(r"^\s{2,}(\w+)(?:\s*\([^)]*\))?:\s*(.*)$")
+
+
+def _parse_docstring(doc: str) -> tuple[str, dict[str, str]]:
+    """Split a Google-style docstring into the description and the `Args:` descriptions."""
+    lines = inspect.cleandoc(doc).splitlines()
+    description: list[str] = []
+    args: dict[str, str] = {}
+    current: str | None = None
+    section: str | None = None
+    for line in lines:
+        header = line.strip().rstrip(":")
+        if (
+            line
+            and not line[0].isspace()
+            and line.strip().endswith(":")
+            and header in ("Args", "Arguments", "Returns", "Raises", "Examples", "Example", "Note", "Notes")
+        ):
+            section = header
+            current = None
+            continue
+        if section is None:
+            description.append(line)
+        elif section in ("Args", "Arguments"):
+            match = _ARG_LINE.match(line)
+            if match:
+                current = match.group(1)
+                args[current] = match.group(2).strip()
+            elif current and line.strip():
+                args[current] += " " + line.strip()
+    return "\n".join(description).strip(), args
+
+
+def build_schema(fn: ToolHandler, name: str) -> ToolSchema:
+    """The model-facing schema of `fn`, from its signature, type hints and docstring."""
+    from pydantic import Field, create_model
+
+    description, arg_docs = _parse_docstring(fn.__doc__ or "")
+    hints = get_type_hints(fn)
+    fields: dict[str, Any] = {}
+    for param in inspect.signature(fn).parameters.values():
+        if param.name == "task_id" or param.kind in (param.VAR_KEYWORD, param.VAR_POSITIONAL):
+            continue
+        annotation = hints.get(param.name, str)
+        default = ... if param.default is inspect.Parameter.empty else param.default
+        fields[param.name] = (annotation, Field(default, description=arg_docs.get(param.name)))
+    model = create_model(f"{name}_args", **fields)
+    parameters = model.model_json_schema()
+    parameters.pop("title", None)
+    for prop in parameters.get("properties", {}).values():
+        prop.pop("title", None)
+    parameters.setdefault("properties", {})
+    parameters["additionalProperties"] = False
+    return ToolSchema(name=name, description=description or name, parameters=parameters)
+
+
+def tool(
+    *,
+    toolset: str = "core",
+    name: str | None = None,
+    interactive: bool = False,
+    max_result_chars: int = 50_000,
+    resource: str | None = None,
+    dangerous: Callable[[dict[str, Any]], str | None] | None = None,
+) -> Callable[[ToolHandler], ToolHandler]:
+    """Register the decorated function as a tool (see `ToolSpec` for the options)."""
+
+    def register(fn: ToolHandler) -> ToolHandler:
+        tool_name = name or fn.__name__
+        _REGISTRY[tool_name] = ToolSpec(
+            name=tool_name,
+            toolset=toolset,
+            handler=fn,
+            schema=build_schema(fn, tool_name),
+            interactive=interactive,
+            max_result_chars=max_result_chars,
+            resource=resource,
+            dangerous=dangerous,
+            wants_task_id="task_id" in inspect.signature(fn).parameters,
+        )
+        return fn
+
+    return register
+
+
+def unregister(name: str) -> None:
+    """Remove a tool (for callers that register temporary tools)."""
+    _REGISTRY.pop(name, None)
+
+
+def get_tool(name: str) -> ToolSpec | None:
+    return _REGISTRY.get(name)
+
+
+def select_tools(
+    toolsets: Iterable[str], *, allow: Iterable[str] = (), deny: Iterable[str] = ()
+) -> list[ToolSpec]:
+    """The tools of the given toolsets ("all" selects every one), filtered by allow and deny lists."""
+    wanted = set(toolsets)
+    allowed = set(allow)
+    denied = set(deny)
+    return [
+        spec
+        for spec in _REGISTRY.values()
+        if ("all" in wanted or spec.toolset in wanted)
+        and (not allowed or spec.name in allowed)
+        and spec.name not in denied
+    ]
+
+
+def all_toolsets() -> list[str]:
+    return sorted({spec.toolset for spec in _REGISTRY.values()})
