@@ -202,10 +202,11 @@ class History:
         An interrupted turn can leave tool calls without results or a user message without a reply;
         both are closed with synthetic messages first, so nothing the user said is lost or merged.
         """
-        notes = self.repair()
-        for call_id in list(self._expected):
+        notes: list[str] = []
+        for call_id in list(self._expected):  # the common case, closed by appends rather than a rewrite
             self.append(tool_message(call_id, INTERRUPTED_RESULT))
             notes.append(f"added the missing result of tool call {call_id}")
+        notes.extend(self.repair())
         if self._messages and self._messages[-1].get("role") == "user":
             self.append(assistant_message(_NO_REPLY))
             notes.append("added a placeholder reply to the unanswered user message")

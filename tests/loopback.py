@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import select
 import socket
+import sys
 import threading
 import time
 from collections import deque
@@ -53,6 +54,15 @@ class Seen:
     path: str
 
 
+class _QuietServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # Clients that exit without closing a keep-alive connection reset it: not worth a traceback.
+        if not isinstance(sys.exc_info()[1], OSError):
+            super().handle_error(request, client_address)
+
+
 class ScriptedServer:
     """Run with `with ScriptedServer() as server:`; point clients at `server.base_url`."""
 
@@ -65,8 +75,7 @@ class ScriptedServer:
         self._lock = threading.Lock()
         self._arrivals = threading.Condition(self._lock)
         self._counter = 0
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class())
-        self._httpd.daemon_threads = True
+        self._httpd = _QuietServer(("127.0.0.1", 0), self._handler_class())
         self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
 
     @property

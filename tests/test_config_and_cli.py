@@ -1,0 +1,121 @@
+"""Configuration layers and the `mibyan` command, run as a real subprocess."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, run_cli
+from loopback import Reply, ScriptedServer
+
+from agent.errors import ConfigError
+from config.loader import load_settings
+
+
+def test_defaults_predefine_three_providers_and_a_500_call_budget(tmp_path: Path) -> None:
+    settings = load_settings(home=tmp_path, cwd=tmp_path, env={})
+    assert {"openai", "anthropic", "openrouter"} <= set(settings.providers)
+    assert settings.agent.max_turns == 500
+
+
+def test_layers_later_wins(tmp_path: Path) -> None:
+    (tmp_path / "config.yaml").write_text("model: {name: from-home}\nagent: {max_turns: 7}\n")
+    (tmp_path / ".mibyan").mkdir()
+    (tmp_path / ".mibyan" / "config.yaml").write_text("agent: {max_turns: 9}\n")
+    settings = load_settings(
+        home=tmp_path, cwd=tmp_path, env={"MIBYAN_MODEL": "from-env"}, overrides={"agent": {"stream": False}}
+    )
+    assert settings.model.name == "from-env"
+    assert settings.agent.max_turns == 9
+    assert settings.agent.stream is False
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("agent: {max_turn: 3}\n", "agent.max_turn: unknown key"),
+        ("agent: {max_turns: -1}\n", "agent.max_turns:"),
+        ("agent: [unclosed\n", "malformed YAML"),
+        ("- a list\n", "top level must be a mapping"),
+    ],
+)
+def test_a_bad_config_file_is_one_error_naming_the_file_and_key(
+    tmp_path: Path, text: str, expected: str
+) -> None:
+    (tmp_path / "config.yaml").write_text(text)
+    with pytest.raises(ConfigError) as caught:
+        load_settings(home=tmp_path, cwd=tmp_path, env={})
+    assert str(tmp_path / "config.yaml") in str(caught.value)
+    assert expected in str(caught.value)
+
+
+def test_cli_one_shot_prints_the_answer_on_stdout_and_progress_on_stderr(
+    server: ScriptedServer, home
+) -> None:
+    server.add(Reply(tool_calls=[("list_directory", {"path": "."})]), Reply(text="The folder is tidy."))
+    done = run_cli("chat", "-q", "look around", "--base-url", server.base_url, home=home)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "The folder is tidy.\n"
+    assert "list_directory" in done.stderr
+
+
+def test_cli_reads_the_prompt_from_stdin_and_prints_json(server: ScriptedServer, home) -> None:
+    server.add(Reply(text="piped"))
+    done = run_cli(
+        "chat", "-q", "-", "--json", "--base-url", server.base_url, home=home, stdin="from a pipe\n"
+    )
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["final_response"] == "piped" and result["exit_reason"] == "completed"
+    assert server.requests[0].body["messages"][-1]["content"] == "from a pipe"
+
+
+def test_cli_exits_3_when_the_budget_is_spent(server: ScriptedServer, home) -> None:
+    server.default = lambda body: Reply(tool_calls=[("list_directory", {})])
+    done = run_cli("chat", "-q", "loop", "--max-turns", "2", "--base-url", server.base_url, "-Q", home=home)
+    assert done.returncode == 3
+    assert len(server.requests) == 3
+    assert "budget" in done.stderr
+
+
+def test_cli_exits_1_on_a_provider_error(server: ScriptedServer, home) -> None:
+    server.add(Reply(status=404, error_body={"error": {"message": "The model `nope` does not exist"}}))
+    done = run_cli("chat", "-q", "hi", "-m", "nope", "--base-url", server.base_url, home=home)
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines()[-1].startswith("mibyan: HTTP 404")
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("args", [["--api-mode", "carrier_pigeon"], ["--max-turns", "many"]])
+def test_cli_usage_errors_are_one_line_and_exit_2(home, args: list[str]) -> None:
+    done = run_cli("chat", "-q", "hi", *args, home=home)
+    assert done.returncode == 2
+    assert len(done.stderr.strip().splitlines()) == 1
+    assert done.stdout == ""
+
+
+def test_cli_config_errors_are_one_line_and_exit_2(home) -> None:
+    (home / "config.yaml").write_text("agent:\n  colour: blue\n")
+    done = run_cli("chat", "-q", "hi", home=home)
+    assert done.returncode == 2
+    assert done.stderr.strip() == f"mibyan: {home / 'config.yaml'}: agent.colour: unknown key"
+
+
+def test_cli_without_a_key_says_how_to_configure_a_provider(home) -> None:
+    done = run_cli("chat", "-q", "hi", home=home)
+    assert done.returncode == 2
+    assert "OPENAI_API_KEY" in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+def test_help_imports_neither_sdk() -> None:
+    import subprocess
+
+    code = (
+        "import sys\nfrom cli.main import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+        "print(sorted(m for m in ('openai', 'anthropic', 'pydantic', 'yaml', 'rich', 'prompt_toolkit')"
+        " if m in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert done.stdout.strip().splitlines()[-1] == "[]"
