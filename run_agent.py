@@ -40,10 +40,12 @@ class AIAgent(
         api_mode: "chat_completions", "codex_responses" or "anthropic_messages"; resolved when omitted.
         max_iterations: model calls one run_conversation may make (`agent.max_turns`, default 500).
         enabled_toolsets: the toolsets the model sees (`tools.toolsets`).
-        session_id: continue this session; a new one is started when omitted.
+        session_id: continue this session (at its newest compression descendant) when it exists;
+            otherwise start a session with this id. A new id is made when omitted.
         home: the mibyan home (`$MIBYAN_HOME`, else `~/.mibyan`).
         stream: stream replies (`agent.stream`, default True).
         fallback_providers: `[{"provider": ..., "model": ...}]` to fail over to, in order.
+        source: who started the session ("cli", "python", "subagent", ...), shown in `mibyan sessions`.
         **callbacks: the callbacks of `agent.callbacks.Callbacks`, by name.
 
     Raises:
@@ -63,6 +65,7 @@ class AIAgent(
         home: str | os.PathLike[str] | None = None,
         stream: bool | None = None,
         fallback_providers: list[dict[str, Any]] | None = None,
+        source: str = "python",
         **callbacks: Any,
     ) -> None:
         init_agent(
@@ -78,6 +81,7 @@ class AIAgent(
             home=home,
             stream=stream,
             fallback_providers=fallback_providers,
+            source=source,
             callbacks=callbacks,
         )
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 from agent.errors import ConfigError
-from config.loader import API_MODES, AgentSettings, FallbackSettings, load_settings
+from config.loader import API_MODES, AgentSettings, FallbackSettings, load_settings, mibyan_home
 
 if TYPE_CHECKING:
     from agent.adapters.base import Adapter
@@ -153,16 +153,11 @@ def adapter_for(api_mode: str) -> Adapter:
     raise ConfigError(f"api_mode: '{api_mode}' is not available in this version of mibyan")
 
 
-def load_agent_settings(home: str | os.PathLike[str] | None, overrides: dict[str, Any]) -> AgentSettings:
-    return load_settings(home=Path(home) if home is not None else None, overrides=overrides)
-
-
 __all__ = [
     "FallbackSettings",
     "ProviderRuntime",
     "adapter_for",
     "build_client",
-    "load_agent_settings",
     "new_session_id",
     "resolve_api_mode",
     "resolve_runtime",
@@ -184,12 +179,12 @@ def init_agent(
     home: str | os.PathLike[str] | None,
     stream: bool | None,
     fallback_providers: list[dict[str, Any]] | None,
+    source: str,
     callbacks: dict[str, Any],
 ) -> None:
     """Wire a new AIAgent: settings, provider runtime, adapter, tools, callbacks and session."""
     from agent.callbacks import Callbacks
     from agent.interruptible import InterruptSignal
-    from agent.messages import History
     from model_tools import get_tool_definitions
 
     agent.callbacks = Callbacks.from_kwargs(callbacks)
@@ -201,8 +196,10 @@ def init_agent(
         enabled_toolsets=enabled_toolsets,
         fallback_providers=fallback_providers,
     )
-    settings = load_agent_settings(home, overrides)
+    home_path = Path(home) if home is not None else mibyan_home()
+    settings = load_settings(home=home_path, overrides=overrides)
     agent.settings = settings
+    agent.home = home_path
     agent.runtime = resolve_runtime(
         settings,
         provider=settings.model.provider,
@@ -222,6 +219,40 @@ def init_agent(
         settings.tools.toolsets, allow=settings.tools.allow, deny=settings.tools.deny
     )
     agent._system_prompt = None
-    agent._sink = None
+    open_session(agent, session_id, source=source)
+
+
+def open_session(agent: Any, session_id: str | None, *, source: str) -> None:
+    """Open the store and the session: a new one, or an existing one resumed at its newest descendant.
+
+    A resumed session gets its stored system prompt back (so the provider's prompt cache stays warm)
+    and its history repaired if an interrupt or crash left it broken; the repair is stored too.
+    """
+    from agent.messages import History
+    from agent_state import SessionSink, SessionStore
+
+    store = SessionStore.open(agent.home)
+    agent.store = store
+    messages: list[dict[str, Any]] = []
+    if session_id is not None and store.get_session(session_id) is not None:
+        session_id = store.newest_descendant(session_id)
+        row = store.get_session(session_id) or {}
+        agent._system_prompt = row.get("system_prompt") or None
+        messages = store.load_messages(session_id)
     agent.session_id = session_id or new_session_id()
-    agent._history = History(sink=agent._sink)
+    runtime = agent.runtime
+
+    def meta() -> dict[str, Any]:
+        return {
+            "source": source,
+            "model": runtime.model,
+            "provider": runtime.provider,
+            "api_mode": runtime.api_mode,
+            "system_prompt": agent._session_system_prompt(),
+            "cwd": str(Path.cwd()),
+        }
+
+    agent._sink = SessionSink(store, agent.session_id, meta)
+    agent._history = History(messages, sink=agent._sink)
+    for note in agent._history.repair():
+        agent.callbacks.emit("status_callback", "repaired", note)

@@ -21,6 +21,7 @@ from agent.turn_state import (
     PreparedRequest,
     TurnState,
 )
+from agent_state import SessionStore
 from config.loader import AgentSettings
 
 _SUMMARY_REQUEST = (
@@ -46,6 +47,7 @@ class ConversationLoopMixin:
     _check_empty_reply: Callable[[TurnState, NormalizedResponse], NormalizedResponse]
     _execute_tool_calls: Callable[[TurnState, list[dict[str, Any]]], Continue | Interrupted]
     _sink: MessageSink | None
+    store: SessionStore
 
     def interrupt(self) -> None:
         """Stop the running turn as soon as possible. Safe to call from any thread."""
@@ -182,6 +184,8 @@ class ConversationLoopMixin:
                 raise AssertionError(f"the loop ended on {step!r}")
             case _:
                 assert_never(step)
+        if turn.api_calls:
+            self.store.add_usage(self.session_id, turn.usage.input_tokens, turn.usage.output_tokens)
         return {
             "final_response": turn.final_response,
             "messages": list(turn.history.messages),

@@ -7,6 +7,7 @@ once, and every call without a result gets an "interrupted" result, so the histo
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -15,8 +16,10 @@ from agent.errors import ToolError
 from agent.interruptible import InterruptSignal
 from agent.messages import INTERRUPTED_RESULT, tool_message
 from agent.turn_state import Continue, Interrupted, TurnState
-from model_tools import parse_arguments, run_tool
+from agent_state import SessionStore
+from model_tools import check_arguments, parse_arguments, run_tool
 from tools.registry import get_tool
+from tools.session_tools import search_sessions
 
 _PREVIEW_CHARS = 200
 
@@ -38,11 +41,28 @@ class ToolExecutorMixin:
     _signal: InterruptSignal
     _tool_pool: ThreadPoolExecutor | None
     _max_parallel_tools: int
+    store: SessionStore
+    session_id: str
 
     def _pool(self) -> ThreadPoolExecutor:
         if self._tool_pool is None:
             self._tool_pool = ThreadPoolExecutor(self._max_parallel_tools, thread_name_prefix="mibyan-tool")
         return self._tool_pool
+
+    def _agent_level_tools(self) -> dict[str, Callable[[dict[str, Any]], str]]:
+        """Tools that read or change the agent's own state, run here instead of through the registry."""
+        return {"session_search": self._session_search}
+
+    def _session_search(self, args: dict[str, Any]) -> str:
+        return search_sessions(
+            self.store,
+            query=str(args["query"]),
+            role=args.get("role"),
+            since=args.get("since"),
+            scope=str(args.get("scope", "all")),
+            current_lineage=self.store.lineage(self.session_id),
+            limit=int(args.get("limit", 10)),
+        )
 
     def _run_tool_call(self, task_id: str, call: dict[str, Any]) -> tuple[str, bool]:
         """Resolve → run → cap one call. Returns (result text, ok). Never raises for the model's mistakes."""
@@ -55,7 +75,13 @@ class ToolExecutorMixin:
         try:
             if spec is None:
                 raise ToolError(f"unknown tool {name!r}")
-            result = cap_result(run_tool(spec, parse_arguments(raw_args), task_id), spec.max_result_chars)
+            args = parse_arguments(raw_args)
+            agent_level = self._agent_level_tools().get(name)
+            if agent_level is not None:
+                check_arguments(spec, args)
+                result = cap_result(agent_level(args), spec.max_result_chars)
+            else:
+                result = cap_result(run_tool(spec, args, task_id), spec.max_result_chars)
             ok = True
         except ToolError as exc:
             result = f"error: {exc}"

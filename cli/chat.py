@@ -36,6 +36,25 @@ def _read_prompt(query: str) -> str | None:
     return text.strip() or None
 
 
+def _session_to_resume(args: argparse.Namespace) -> str | None:
+    """The id --resume / --continue asks for (a prefix is resolved), or None for a new session."""
+    if args.resume is None:
+        return None
+    from agent_state import SessionStore, StoreError
+    from config.loader import mibyan_home
+
+    store = SessionStore.open(mibyan_home())
+    try:
+        if args.resume:
+            return store.resolve_id(args.resume)
+        latest = store.most_recent()
+        if latest is None:
+            raise StoreError("there is no session to resume yet: start one with 'mibyan chat'")
+        return latest
+    finally:
+        store.close()
+
+
 def _make_agent(args: argparse.Namespace, progress: Progress) -> AIAgent:
     from run_agent import AIAgent
 
@@ -48,6 +67,8 @@ def _make_agent(args: argparse.Namespace, progress: Progress) -> AIAgent:
         max_iterations=args.max_turns,
         enabled_toolsets=toolsets,
         stream=False if getattr(args, "json", False) else None,
+        session_id=_session_to_resume(args),
+        source="cli",
         **progress.callbacks(),
     )
 
@@ -113,6 +134,7 @@ def _repl(agent: AIAgent, progress: Progress) -> int:
         f"mibyan · {agent.runtime.model} via {agent.runtime.provider} · session {agent.session_id}\n"
         "Type /exit or press Ctrl-D to leave; Ctrl-C stops a running answer.\n"
     )
+    _show_last_exchange(agent)
     while True:
         handler.reset()
         try:
@@ -137,6 +159,18 @@ def _repl(agent: AIAgent, progress: Progress) -> int:
             sys.stderr.write(f"mibyan: {result['error']}\n")
         elif result["interrupted"]:
             sys.stderr.write("(interrupted)\n")
+
+
+def _show_last_exchange(agent: AIAgent) -> None:
+    """On resume, show where the conversation stopped."""
+    messages = agent._history.messages
+    last_user = next((m for m in reversed(messages) if m["role"] == "user"), None)
+    if last_user is None:
+        return
+    last_answer = next((m for m in reversed(messages) if m["role"] == "assistant" and m.get("content")), None)
+    sys.stderr.write(f"(resumed: {len(messages)} messages)\n› {last_user['content']}\n")
+    if last_answer is not None:
+        sys.stdout.write(f"{last_answer['content']}\n")
 
 
 def run_chat(args: argparse.Namespace) -> int:

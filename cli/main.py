@@ -66,7 +66,48 @@ def build_parser() -> argparse.ArgumentParser:
         help="answer PROMPT and exit (answer on stdout, progress on stderr); '-' reads stdin",
     )
     chat.add_argument("--json", action="store_true", help="with -q: print the whole result as JSON")
+    resume = chat.add_mutually_exclusive_group()
+    resume.add_argument(
+        "--resume",
+        nargs="?",
+        const="",
+        metavar="ID",
+        help="resume session ID (an id prefix works), or the most recent one",
+    )
+    resume.add_argument(
+        "-c",
+        "--continue",
+        dest="resume",
+        action="store_const",
+        const="",
+        help="resume the most recent session",
+    )
     _add_agent_options(chat)
+
+    sessions = commands.add_parser(
+        "sessions",
+        help="list, show, search, export, rename or delete sessions",
+        description="Your stored sessions.",
+    )
+    actions = sessions.add_subparsers(dest="action", metavar="ACTION", parser_class=_Parser, required=True)
+    listing = actions.add_parser("list", help="sessions, newest first")
+    listing.add_argument("-n", "--limit", type=int, default=30, help="how many (default 30)")
+    show = actions.add_parser("show", help="print a session's messages")
+    show.add_argument("id")
+    search = actions.add_parser("search", help="full-text search over every message")
+    search.add_argument("query", nargs="+")
+    search.add_argument("--role", choices=("user", "assistant", "tool"), help="only messages of this role")
+    search.add_argument("--since", metavar="WHEN", help="only newer messages: 7d, 12h or 2026-11-01")
+    search.add_argument("-n", "--limit", type=int, default=20, help="how many hits (default 20)")
+    export = actions.add_parser("export", help="write a session as JSONL (or Markdown) to stdout")
+    export.add_argument("id")
+    export.add_argument("--format", choices=("jsonl", "md"), default="jsonl")
+    delete = actions.add_parser("delete", help="delete a session and its descendants")
+    delete.add_argument("id")
+    delete.add_argument("-y", "--yes", action="store_true", help="do not ask")
+    rename = actions.add_parser("rename", help="give a session a title")
+    rename.add_argument("id")
+    rename.add_argument("title", nargs="+")
     return parser
 
 
@@ -82,6 +123,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from cli.chat import run_chat
 
             return run_chat(args)
+        if args.command == "sessions":
+            from cli.sessions import run_sessions
+
+            return run_sessions(args)
     except BrokenPipeError:
         # the reader (`| head`) went away: stop quietly, as command-line tools do
         import os

@@ -1,0 +1,443 @@
+"""SessionStore: every session and message in SQLite, with lineage and full-text search.
+
+One database, `$MIBYAN_HOME/state.db` (the home 0700, the file 0600), in WAL mode so a REPL and a
+one-shot run can write at once. Each message is one INSERT when it becomes final, with the session's
+counters updated in the same transaction; nothing rewrites a session except an explicit history repair.
+An FTS5 index, kept in sync by triggers, makes every word ever said searchable with bm25 ranking.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from agent.errors import MibyanError
+
+Message = dict[str, Any]
+
+
+class StoreError(MibyanError):
+    """The session database cannot be used (corrupt, unreadable, locked for too long) or an id is unknown."""
+
+
+# Secrets that must never reach the store in clear: provider keys, tokens, private key blocks.
+_SECRET_PATTERNS = [
+    re.compile(r"\b(sk-(?:ant-|proj-|or-)?[A-Za-z0-9_\-]{16,})"),
+    re.compile(r"\b(gh[pousr]_[A-Za-z0-9]{20,})"),
+    re.compile(r"\b(AKIA[0-9A-Z]{16})\b"),
+    re.compile(r"\b(xox[abprs]-[A-Za-z0-9\-]{10,})"),
+    re.compile(r"(?i)(?<=bearer )([A-Za-z0-9_\-\.=]{20,})"),
+    re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----[\s\S]*?-----END [A-Z ]*PRIVATE KEY-----"),
+]
+
+
+def mask_secrets(text: str) -> str:
+    """Replace anything that looks like a key or token by a short masked form."""
+    for pattern in _SECRET_PATTERNS:
+        text = pattern.sub(lambda m: m.group(0)[:6] + "…[masked]", text)
+    return text
+
+
+def _masked(value: str | None) -> str | None:
+    return mask_secrets(value) if value else value
+
+
+MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = []
+
+
+def migration(fn: Callable[[sqlite3.Connection], None]) -> Callable[[sqlite3.Connection], None]:
+    """Register a schema migration; they run once each, in order, tracked by `PRAGMA user_version`."""
+    MIGRATIONS.append(fn)
+    return fn
+
+
+@migration
+def _create_tables(db: sqlite3.Connection) -> None:
+    # One statement per execute(): executescript() would commit the migration's transaction early.
+    for statement in (
+        """CREATE TABLE sessions (
+            id TEXT PRIMARY KEY,
+            parent_id TEXT REFERENCES sessions(id),
+            title TEXT,
+            source TEXT NOT NULL DEFAULT 'cli',
+            model TEXT, provider TEXT, api_mode TEXT,
+            system_prompt TEXT,
+            cwd TEXT,
+            created_at REAL NOT NULL,
+            updated_at REAL NOT NULL,
+            ended_at REAL,
+            end_reason TEXT,
+            message_count INTEGER NOT NULL DEFAULT 0,
+            input_tokens INTEGER NOT NULL DEFAULT 0,
+            output_tokens INTEGER NOT NULL DEFAULT 0
+        )""",
+        "CREATE INDEX sessions_parent ON sessions(parent_id)",
+        "CREATE INDEX sessions_updated ON sessions(updated_at)",
+        """CREATE TABLE messages (
+            id INTEGER PRIMARY KEY,
+            session_id TEXT NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
+            seq INTEGER NOT NULL,
+            role TEXT NOT NULL,
+            content TEXT,
+            tool_calls TEXT,
+            tool_call_id TEXT,
+            name TEXT,
+            reasoning TEXT,
+            provider_data TEXT,
+            created_at REAL NOT NULL,
+            UNIQUE (session_id, seq)
+        )""",
+        """CREATE VIRTUAL TABLE messages_fts USING fts5(
+            content, content='messages', content_rowid='id', tokenize='unicode61 remove_diacritics 2'
+        )""",
+        """CREATE TRIGGER messages_ai AFTER INSERT ON messages BEGIN
+            INSERT INTO messages_fts(rowid, content) VALUES (new.id, new.content);
+        END""",
+        """CREATE TRIGGER messages_ad AFTER DELETE ON messages BEGIN
+            INSERT INTO messages_fts(messages_fts, rowid, content) VALUES ('delete', old.id, old.content);
+        END""",
+        """CREATE TRIGGER messages_au AFTER UPDATE OF content ON messages BEGIN
+            INSERT INTO messages_fts(messages_fts, rowid, content) VALUES ('delete', old.id, old.content);
+            INSERT INTO messages_fts(rowid, content) VALUES (new.id, new.content);
+        END""",
+    ):
+        db.execute(statement)
+
+
+def _row_to_message(row: sqlite3.Row) -> Message:
+    message: Message = {"role": row["role"], "content": row["content"]}
+    if row["tool_calls"]:
+        message["tool_calls"] = json.loads(row["tool_calls"])
+    if row["tool_call_id"]:
+        message["tool_call_id"] = row["tool_call_id"]
+    if row["name"]:
+        message["name"] = row["name"]
+    if row["reasoning"]:
+        message["reasoning"] = row["reasoning"]
+    if row["provider_data"]:
+        message["provider_data"] = json.loads(row["provider_data"])
+    return message
+
+
+def _message_values(session_id: str, seq: int, message: Message, now: float) -> tuple[Any, ...]:
+    content = message.get("content")
+    if content is not None and not isinstance(content, str):
+        content = json.dumps(content, ensure_ascii=False)
+    tool_calls = message.get("tool_calls")
+    provider_data = message.get("provider_data")
+    return (
+        session_id,
+        seq,
+        message["role"],
+        _masked(content),
+        _masked(json.dumps(tool_calls, ensure_ascii=False)) if tool_calls else None,
+        message.get("tool_call_id"),
+        message.get("name"),
+        _masked(message.get("reasoning")),
+        json.dumps(provider_data, ensure_ascii=False) if provider_data else None,
+        now,
+    )
+
+
+_INSERT_MESSAGE = (
+    "INSERT INTO messages (session_id, seq, role, content, tool_calls, tool_call_id, name, reasoning,"
+    " provider_data, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+
+
+def fts_query(text: str) -> str:
+    """A user's words as an FTS5 query: each word must appear (prefix match on the last one)."""
+    words = re.findall(r"\w+", text, flags=re.UNICODE)
+    if not words:
+        return ""
+    quoted = [f'"{w}"' for w in words]
+    quoted[-1] += "*"
+    return " ".join(quoted)
+
+
+class SessionStore:
+    """The session database. Thread-safe; several processes may use one file at once.
+
+    Raises:
+        StoreError: the file is corrupt, not a database, or cannot be opened; it is never overwritten.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._lock = threading.RLock()
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        try:
+            if not path.exists():
+                os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
+            self._db = sqlite3.connect(path, timeout=5.0, check_same_thread=False, isolation_level=None)
+            self._db.row_factory = sqlite3.Row
+            self._db.execute("PRAGMA busy_timeout = 5000")
+            self._db.execute("PRAGMA journal_mode = WAL")
+            self._db.execute("PRAGMA synchronous = NORMAL")
+            self._db.execute("PRAGMA foreign_keys = ON")
+            self._migrate()
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(
+                f"{path}: cannot use the session database ({exc}); it was left untouched"
+            ) from None
+        except OSError as exc:
+            raise StoreError(f"{path}: cannot open the session database ({exc.strerror or exc})") from None
+
+    @classmethod
+    def open(cls, home: Path) -> SessionStore:
+        home.mkdir(mode=0o700, parents=True, exist_ok=True)
+        return cls(home / "state.db")
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def _migrate(self) -> None:
+        if self._db.execute("PRAGMA user_version").fetchone()[0] >= len(MIGRATIONS):
+            return
+        with self._transaction() as db:
+            # Read again under the write lock: another process may have migrated meanwhile.
+            version = db.execute("PRAGMA user_version").fetchone()[0]
+            for number, step in enumerate(MIGRATIONS[version:], start=version + 1):
+                step(db)
+                db.execute(f"PRAGMA user_version = {number}")
+
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        """BEGIN IMMEDIATE with retries and jitter while another process holds the write lock."""
+        with self._lock:
+            for attempt in range(8):
+                try:
+                    self._db.execute("BEGIN IMMEDIATE")
+                    break
+                except sqlite3.OperationalError as exc:
+                    if ("locked" not in str(exc) and "busy" not in str(exc)) or attempt == 7:
+                        raise StoreError(f"{self.path}: {exc}") from None
+                    time.sleep(0.05 * (attempt + 1) + random.uniform(0, 0.05))
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    def _query(self, sql: str, params: tuple[Any, ...] = ()) -> list[sqlite3.Row]:
+        with self._lock:
+            try:
+                return self._db.execute(sql, params).fetchall()
+            except sqlite3.DatabaseError as exc:
+                raise StoreError(f"{self.path}: {exc}") from None
+
+    # -- sessions ---------------------------------------------------------------------------------
+
+    def create_session(self, session_id: str, **meta: Any) -> None:
+        """Create a session row (idempotent). meta: parent_id, title, source, model, provider, api_mode,
+        system_prompt, cwd."""
+        now = time.time()
+        columns = ["id", "created_at", "updated_at", *meta]
+        values = [session_id, now, now, *(_masked(v) if k == "system_prompt" else v for k, v in meta.items())]
+        with self._transaction() as db:
+            placeholders = ", ".join("?" * len(columns))
+            db.execute(
+                f"INSERT OR IGNORE INTO sessions ({', '.join(columns)}) VALUES ({placeholders})", values
+            )
+
+    def get_session(self, session_id: str) -> dict[str, Any] | None:
+        rows = self._query("SELECT * FROM sessions WHERE id = ?", (session_id,))
+        return dict(rows[0]) if rows else None
+
+    def resolve_id(self, prefix: str) -> str:
+        """The full id of the session `prefix` names (an id or a unique prefix of one)."""
+        exact = self._query("SELECT id FROM sessions WHERE id = ?", (prefix,))
+        if exact:
+            return str(exact[0]["id"])
+        rows = self._query(
+            "SELECT id FROM sessions WHERE id LIKE ? ESCAPE '\\' LIMIT 3",
+            (prefix.replace("%", "\\%").replace("_", "\\_") + "%",),
+        )
+        if not rows:
+            raise StoreError(f"no session {prefix!r} (see 'mibyan sessions list')")
+        if len(rows) > 1:
+            raise StoreError(f"session id {prefix!r} is ambiguous: type more of it")
+        return str(rows[0]["id"])
+
+    def most_recent(self) -> str | None:
+        rows = self._query(
+            "SELECT id FROM sessions WHERE source != 'subagent' ORDER BY updated_at DESC LIMIT 1"
+        )
+        return str(rows[0]["id"]) if rows else None
+
+    def newest_descendant(self, session_id: str) -> str:
+        """Follow compression lineage from `session_id` to its newest descendant."""
+        current = session_id
+        seen = {current}
+        while True:
+            rows = self._query(
+                "SELECT id FROM sessions WHERE parent_id = ? AND source != 'subagent' "
+                "ORDER BY created_at DESC LIMIT 1",
+                (current,),
+            )
+            if not rows or rows[0]["id"] in seen:
+                return current
+            current = str(rows[0]["id"])
+            seen.add(current)
+
+    def lineage(self, session_id: str) -> list[str]:
+        """The session and its ancestors, oldest first."""
+        chain = [session_id]
+        while True:
+            rows = self._query("SELECT parent_id FROM sessions WHERE id = ?", (chain[0],))
+            parent = rows[0]["parent_id"] if rows else None
+            if not parent or parent in chain:
+                return chain
+            chain.insert(0, parent)
+
+    def list_sessions(self, limit: int = 50) -> list[dict[str, Any]]:
+        rows = self._query("SELECT * FROM sessions ORDER BY updated_at DESC LIMIT ?", (limit,))
+        return [dict(r) for r in rows]
+
+    def rename(self, session_id: str, title: str) -> None:
+        with self._transaction() as db:
+            db.execute("UPDATE sessions SET title = ? WHERE id = ?", (title, session_id))
+
+    def end_session(self, session_id: str, reason: str) -> None:
+        with self._transaction() as db:
+            db.execute(
+                "UPDATE sessions SET ended_at = ?, end_reason = ? WHERE id = ?",
+                (time.time(), reason, session_id),
+            )
+
+    def add_usage(self, session_id: str, input_tokens: int, output_tokens: int) -> None:
+        with self._transaction() as db:
+            db.execute(
+                "UPDATE sessions SET input_tokens = input_tokens + ?, output_tokens = output_tokens + ?"
+                " WHERE id = ?",
+                (input_tokens, output_tokens, session_id),
+            )
+
+    def descendants(self, session_id: str) -> list[str]:
+        rows = self._query(
+            "WITH RECURSIVE tree(id) AS (SELECT ? UNION"
+            " SELECT s.id FROM sessions s JOIN tree ON s.parent_id = tree.id) SELECT id FROM tree",
+            (session_id,),
+        )
+        return [str(r["id"]) for r in rows]
+
+    def delete_session(self, session_id: str) -> list[str]:
+        """Delete a session with its descendants; returns the ids deleted."""
+        ids = self.descendants(session_id)
+        with self._transaction() as db:
+            for sid in reversed(ids):
+                db.execute("DELETE FROM messages WHERE session_id = ?", (sid,))
+                db.execute("DELETE FROM sessions WHERE id = ?", (sid,))
+        return ids
+
+    # -- messages ---------------------------------------------------------------------------------
+
+    def append_message(self, session_id: str, message: Message) -> None:
+        """Insert one final message and bump the session's counters, in one transaction."""
+        now = time.time()
+        with self._transaction() as db:
+            row = db.execute("SELECT message_count FROM sessions WHERE id = ?", (session_id,)).fetchone()
+            if row is None:
+                raise StoreError(f"no session {session_id!r}")
+            db.execute(_INSERT_MESSAGE, _message_values(session_id, row[0], message, now))
+            db.execute(
+                "UPDATE sessions SET message_count = message_count + 1, updated_at = ? WHERE id = ?",
+                (now, session_id),
+            )
+
+    def replace_messages(self, session_id: str, messages: list[Message]) -> None:
+        """Rewrite a session's messages (only for a repaired or adopted history)."""
+        now = time.time()
+        with self._transaction() as db:
+            db.execute("DELETE FROM messages WHERE session_id = ?", (session_id,))
+            db.executemany(
+                _INSERT_MESSAGE, [_message_values(session_id, i, m, now) for i, m in enumerate(messages)]
+            )
+            db.execute(
+                "UPDATE sessions SET message_count = ?, updated_at = ? WHERE id = ?",
+                (len(messages), now, session_id),
+            )
+
+    def load_messages(self, session_id: str) -> list[Message]:
+        rows = self._query("SELECT * FROM messages WHERE session_id = ? ORDER BY seq", (session_id,))
+        return [_row_to_message(r) for r in rows]
+
+    def search(
+        self,
+        query: str,
+        *,
+        role: str | None = None,
+        since: float | None = None,
+        session_ids: list[str] | None = None,
+        limit: int = 20,
+    ) -> list[dict[str, Any]]:
+        """Messages matching `query`, best first (bm25), each with a snippet and its session."""
+        match = fts_query(query)
+        if not match:
+            return []
+        sql = (
+            "SELECT m.session_id, m.seq, m.role, m.created_at, s.title,"
+            " snippet(messages_fts, 0, '[', ']', '…', 12) AS snippet, bm25(messages_fts) AS rank"
+            " FROM messages_fts JOIN messages m ON m.id = messages_fts.rowid"
+            " JOIN sessions s ON s.id = m.session_id WHERE messages_fts MATCH ?"
+        )
+        params: list[Any] = [match]
+        if role:
+            sql += " AND m.role = ?"
+            params.append(role)
+        if since is not None:
+            sql += " AND m.created_at >= ?"
+            params.append(since)
+        if session_ids:
+            sql += f" AND m.session_id IN ({', '.join('?' * len(session_ids))})"
+            params.extend(session_ids)
+        sql += " ORDER BY rank LIMIT ?"
+        params.append(limit)
+        return [dict(r) for r in self._query(sql, tuple(params))]
+
+
+class SessionSink:
+    """Persists one session's history changes; creates the session row with the first message."""
+
+    def __init__(self, store: SessionStore, session_id: str, meta: Callable[[], dict[str, Any]]) -> None:
+        self.store = store
+        self.session_id = session_id
+        self._meta = meta
+        self._created = store.get_session(session_id) is not None
+
+    def _ensure_session(self, first: Message | None) -> None:
+        if self._created:
+            return
+        meta = self._meta()
+        if first is not None and first.get("role") == "user" and isinstance(first.get("content"), str):
+            meta.setdefault("title", title_from(first["content"]))
+        self.store.create_session(self.session_id, **meta)
+        self._created = True
+
+    def append_message(self, message: Message) -> None:
+        self._ensure_session(message)
+        self.store.append_message(self.session_id, message)
+
+    def replace_messages(self, messages: list[Message]) -> None:
+        self._ensure_session(next((m for m in messages if m.get("role") == "user"), None))
+        self.store.replace_messages(self.session_id, messages)
+
+
+def title_from(text: str, width: int = 60) -> str:
+    """A session title from its first user message: one line, shortened at a word boundary."""
+    line = " ".join(mask_secrets(text).split())
+    if len(line) <= width:
+        return line
+    cut = line[:width].rsplit(" ", 1)[0]
+    return (cut if len(cut) > width // 2 else line[:width]) + "…"
