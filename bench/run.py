@@ -7,7 +7,6 @@ Every figure is the median of several runs with min/max, and a ratio to its floo
 from __future__ import annotations
 
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -22,21 +21,10 @@ sys.path.insert(0, str(ROOT))
 
 from loopback import Reply, ScriptedServer  # noqa: E402
 
+from bench.figures import show  # noqa: E402
+
 RUNS = int(os.environ.get("MIBYAN_BENCH_RUNS", "7"))
 ROUNDS = 12  # tool rounds per per-iteration measurement
-
-
-def stats(samples: list[float]) -> tuple[float, float, float]:
-    return statistics.median(samples), min(samples), max(samples)
-
-
-def show(label: str, samples: list[float], floor: list[float] | None = None, unit: str = "ms") -> None:
-    median, low, high = stats(samples)
-    line = f"{label:<48} median {median:8.1f} {unit}  (min {low:.1f}, max {high:.1f})"
-    if floor is not None:
-        floor_median = statistics.median(floor)
-        line += f"  floor {floor_median:.1f} {unit}  ratio {median / floor_median:.2f}x"
-    print(line, flush=True)
 
 
 def wall(command: list[str], env: dict[str, str], runs: int = RUNS) -> list[float]:
@@ -48,14 +36,23 @@ def wall(command: list[str], env: dict[str, str], runs: int = RUNS) -> list[floa
     return samples
 
 
+def paired(command: list[str], floor: list[str], env: dict[str, str]) -> tuple[list[float], list[float]]:
+    """Time `command` and its floor alternately, so drift in the machine's load hits both alike."""
+    ours: list[float] = []
+    base: list[float] = []
+    for _ in range(RUNS):
+        ours.extend(wall(command, env, runs=1))
+        base.extend(wall(floor, env, runs=1))
+    return ours, base
+
+
 def mibyan_command() -> list[str]:
     script = Path(sys.executable).with_name("mibyan")
     return [str(script)] if script.exists() else [sys.executable, "-m", "cli.main"]
 
 
 def bench_startup(server: ScriptedServer, env: dict[str, str]) -> None:
-    floor_python = wall([sys.executable, "-c", "pass"], env)
-    show("mibyan --help", wall([*mibyan_command(), "--help"], env), floor_python)
+    show("mibyan --help", *paired([*mibyan_command(), "--help"], [sys.executable, "-c", "pass"], env))
 
     server.default = lambda body: Reply(text="ok")
     bare_call = (
@@ -64,9 +61,9 @@ def bench_startup(server: ScriptedServer, env: dict[str, str]) -> None:
         "for _ in c.chat.completions.create(model='m', messages=[{'role': 'user', 'content': 'hi'}],"
         " stream=True, stream_options={'include_usage': True}): pass\n"
     )
-    floor_call = wall([sys.executable, "-c", bare_call], env)
-    one_shot = wall([*mibyan_command(), "chat", "-q", "hi", "--base-url", server.base_url, "-Q"], env)
-    show("one-shot `mibyan chat -q` (zero model latency)", one_shot, floor_call)
+    one_shot = [*mibyan_command(), "chat", "-q", "hi", "--base-url", server.base_url, "-Q"]
+    floor = [sys.executable, "-c", bare_call]
+    show("one-shot `mibyan chat -q` (zero model latency)", *paired(one_shot, floor, env))
 
 
 def gaps(server: ScriptedServer, first_request: int) -> list[float]:
@@ -188,6 +185,9 @@ def main() -> None:
             ours, bare = bench_iterations(server, length, home)
             show(f"per-iteration overhead, {length} messages", ours, bare)
             show(f"  bare openai SDK loop, {length} messages", bare)
+    from bench import sessions
+
+    sessions.main()
 
 
 if __name__ == "__main__":

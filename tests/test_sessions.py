@@ -1,0 +1,247 @@
+"""Sessions: stored as they happen, resumed, searched, and safe against crashes and concurrent writers."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sqlite3
+import stat
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, run_cli
+from loopback import Reply, ScriptedServer
+
+from agent.messages import INTERRUPTED_RESULT, repair_history
+from agent_state import SessionStore
+
+
+def stored(home: Path, session_id: str) -> list[dict]:
+    store = SessionStore.open(home)
+    try:
+        return store.load_messages(session_id)
+    finally:
+        store.close()
+
+
+def test_every_message_is_stored_as_it_becomes_final(server: ScriptedServer, make_agent, home: Path) -> None:
+    server.add(Reply(tool_calls=[("list_directory", {})]), Reply(text="listed"))
+    agent = make_agent()
+
+    result = agent.run_conversation("list please")
+
+    assert stored(home, result["session_id"]) == result["messages"]
+    row = SessionStore.open(home).get_session(result["session_id"])
+    assert row["title"] == "list please"
+    assert row["message_count"] == 4
+    assert row["input_tokens"] == 20
+
+
+def test_resume_continues_the_history_with_the_stored_system_prompt(
+    server: ScriptedServer, make_agent
+) -> None:
+    server.add(Reply(text="first answer"), Reply(text="second answer"))
+    first = make_agent().run_conversation(
+        "remember the word teapot", system_message="You are a careful agent."
+    )
+
+    again = make_agent(session_id=first["session_id"])
+    result = again.run_conversation("what was the word?")
+
+    sent = server.requests[1].body["messages"]
+    assert sent[0] == {"role": "system", "content": "You are a careful agent."}
+    assert [m["content"] for m in sent[1:]] == [
+        "remember the word teapot",
+        "first answer",
+        "what was the word?",
+    ]
+    assert result["session_id"] == first["session_id"]
+
+
+def test_a_passed_history_becomes_the_stored_history(server: ScriptedServer, make_agent, home: Path) -> None:
+    server.add(Reply(text="continued"))
+    history = [
+        {"role": "system", "content": "imported prompt"},
+        {"role": "user", "content": "old question"},
+        {"role": "assistant", "content": "old answer"},
+    ]
+
+    result = make_agent().run_conversation("new question", conversation_history=history)
+
+    assert [m["content"] for m in stored(home, result["session_id"])] == [
+        "old question",
+        "old answer",
+        "new question",
+        "continued",
+    ]
+    assert server.requests[0].body["messages"][0]["content"] == "imported prompt"
+
+
+def test_secrets_are_masked_before_they_are_stored(server: ScriptedServer, make_agent, home: Path) -> None:
+    server.add(Reply(text="noted"))
+    key = "sk-proj-" + "a1B2c3D4e5" * 4
+
+    result = make_agent().run_conversation(f"my key is {key}, keep it safe")
+
+    assert key in server.requests[0].body["messages"][-1]["content"]  # the model still sees it
+    text = (home / "state.db").read_bytes()
+    assert key.encode() not in text
+    assert key not in stored(home, result["session_id"])[0]["content"]
+
+
+def test_the_home_and_database_are_private(server: ScriptedServer, make_agent, tmp_path: Path) -> None:
+    server.add(Reply(text="hi"))
+    home = tmp_path / "fresh-home"
+    make_agent(home=home).chat("hello")
+    assert stat.S_IMODE(home.stat().st_mode) == 0o700
+    assert stat.S_IMODE((home / "state.db").stat().st_mode) == 0o600
+
+
+def test_model_can_search_past_sessions(server: ScriptedServer, make_agent) -> None:
+    server.add(Reply(text="The deploy command is make ship-it."))
+    make_agent().chat("how do we deploy the flamingo service?")
+    server.add(Reply(tool_calls=[("session_search", {"query": "flamingo deploy"})]), Reply(text="found it"))
+
+    result = make_agent().run_conversation("what did we say about flamingo?")
+
+    tool_result = next(m for m in result["messages"] if m["role"] == "tool")
+    assert "[flamingo]" in tool_result["content"]
+    assert "how do we [deploy] the [flamingo] service?" in tool_result["content"]
+
+
+def test_a_corrupt_database_is_one_clear_error_and_left_untouched(home: Path) -> None:
+    garbage = b"this is not a database" * 100
+    (home / "state.db").write_bytes(garbage)
+
+    done = run_cli("chat", "-q", "hi", "--base-url", "http://127.0.0.1:9/v1", home=home)
+
+    assert done.returncode == 2
+    assert len(done.stderr.strip().splitlines()) == 1
+    assert str(home / "state.db") in done.stderr
+    assert (home / "state.db").read_bytes() == garbage
+
+
+def test_kill_during_a_tool_round_then_resume(server: ScriptedServer, home: Path, tmp_path: Path) -> None:
+    fifo = tmp_path / "never-written"
+    os.mkfifo(fifo)  # reading it blocks forever: a tool that hangs
+    server.add(
+        Reply(
+            text="Let me read it.",
+            tool_calls=[("read_file", {"path": str(fifo)}), ("list_directory", {"path": str(tmp_path)})],
+        )
+    )
+    env = {**os.environ, "MIBYAN_HOME": str(home), "PYTHONPATH": str(ROOT)}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "cli.main", "chat", "-q", "read the pipe", "--base-url", server.base_url],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            rows = []
+            if (home / "state.db").exists():
+                db = sqlite3.connect(home / "state.db")
+                with contextlib.suppress(sqlite3.OperationalError):  # the schema is still being created
+                    rows = db.execute("SELECT role FROM messages ORDER BY id").fetchall()
+                db.close()
+            if len(rows) >= 2:
+                break
+            time.sleep(0.05)
+        process.send_signal(signal.SIGKILL)
+        process.wait(10)
+    finally:
+        process.kill()
+    server.add(Reply(text="resumed fine"))
+
+    done = run_cli("chat", "--resume", "-q", "are you still there?", "--base-url", server.base_url, home=home)
+
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().endswith("resumed fine")
+    sent = server.requests[-1].body["messages"][1:]
+    assert repair_history(sent)[1] == []
+    assert sent[0]["content"] == "read the pipe"
+    assert sent[1]["content"] == "Let me read it."
+    assert next(m["content"] for m in sent if m["role"] == "tool") == INTERRUPTED_RESULT
+
+
+def test_two_processes_write_to_one_store_at_once(server: ScriptedServer, home: Path) -> None:
+    def script(body: dict) -> Reply:
+        tools = sum(1 for m in body["messages"] if m["role"] == "tool")
+        return Reply(text="done") if tools >= 8 else Reply(tool_calls=[("list_directory", {})])
+
+    server.default = script
+    results: list[subprocess.CompletedProcess[str]] = []
+    threads = [
+        threading.Thread(
+            target=lambda i=i: results.append(
+                run_cli("chat", "-q", f"writer {i}", "--base-url", server.base_url, "-Q", home=home)
+            )
+        )
+        for i in range(2)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+
+    assert [r.returncode for r in results] == [0, 0], [r.stderr for r in results]
+    store = SessionStore.open(home)
+    sessions = store.list_sessions()
+    assert len(sessions) == 2
+    for row in sessions:
+        assert row["message_count"] == len(store.load_messages(row["id"])) == 18
+
+
+def test_sessions_cli_lists_shows_searches_exports_renames_and_deletes(
+    server: ScriptedServer, home: Path
+) -> None:
+    server.add(Reply(text="Pelicans can hold three gallons."), Reply(text="Herons are patient."))
+    run_cli("chat", "-q", "tell me about pelicans", "--base-url", server.base_url, home=home)
+    run_cli("chat", "-q", "tell me about herons", "--base-url", server.base_url, home=home)
+    store = SessionStore.open(home)
+    newest, oldest = (row["id"] for row in store.list_sessions())
+
+    listing = run_cli("sessions", "list", home=home)
+    assert listing.returncode == 0
+    assert listing.stdout.index("herons") < listing.stdout.index("pelicans")
+
+    found = run_cli("sessions", "search", "gallons", home=home)
+    assert found.returncode == 0 and oldest in found.stdout and "[gallons]" in found.stdout
+    assert run_cli("sessions", "search", "gallons", "--role", "user", home=home).returncode == 1
+
+    shown = run_cli("sessions", "show", oldest[:6], home=home)
+    assert "Pelicans can hold" in shown.stdout
+
+    exported = run_cli("sessions", "export", oldest, home=home)
+    assert [line.count('"role"') for line in exported.stdout.splitlines()] == [1, 1]
+
+    assert run_cli("sessions", "rename", newest, "Bird", "notes", home=home).returncode == 0
+    assert "Bird notes" in run_cli("sessions", "list", home=home).stdout
+
+    deleted = run_cli("sessions", "delete", oldest, "--yes", home=home)
+    assert deleted.returncode == 0
+    assert store.get_session(oldest) is None and store.load_messages(oldest) == []
+    assert run_cli("sessions", "show", oldest, home=home).returncode == 2
+
+
+def test_resume_of_an_unknown_session_is_a_clear_error(home: Path) -> None:
+    done = run_cli("chat", "--resume", "nosuch", "-q", "hi", "--base-url", "http://127.0.0.1:9/v1", home=home)
+    assert done.returncode == 2
+    assert "no session 'nosuch'" in done.stderr
+
+
+@pytest.mark.parametrize("flag", [["--resume"], ["-c"]])
+def test_continue_picks_the_most_recent_session(server: ScriptedServer, home: Path, flag: list[str]) -> None:
+    server.add(Reply(text="one"), Reply(text="two"), Reply(text="three"))
+    run_cli("chat", "-q", "first", "--base-url", server.base_url, home=home)
+    run_cli("chat", "-q", "second", "--base-url", server.base_url, home=home)
+    done = run_cli("chat", *flag, "-q", "third", "--base-url", server.base_url, home=home)
+    assert done.returncode == 0
+    assert [m["content"] for m in server.requests[-1].body["messages"][1:]] == ["second", "two", "third"]
