@@ -181,9 +181,9 @@ class SessionStore:
             self._db = sqlite3.connect(path, timeout=5.0, check_same_thread=False, isolation_level=None)
             self._db.row_factory = sqlite3.Row
             self._db.execute("PRAGMA busy_timeout = 5000")
-            self._db.execute("PRAGMA journal_mode = WAL")
             self._db.execute("PRAGMA synchronous = NORMAL")
             self._db.execute("PRAGMA foreign_keys = ON")
+            self._retry_while_locked(self._enable_wal)
             self._migrate()
         except sqlite3.DatabaseError as exc:
             raise StoreError(
@@ -201,6 +201,23 @@ class SessionStore:
         with self._lock:
             self._db.close()
 
+    def _retry_while_locked(self, action: Callable[[], object], attempts: int = 40) -> None:
+        """Run `action`, retrying with jitter while another process holds a lock SQLite won't wait on."""
+        for attempt in range(attempts):
+            try:
+                action()
+                return
+            except sqlite3.OperationalError as exc:
+                if ("locked" not in str(exc) and "busy" not in str(exc)) or attempt == attempts - 1:
+                    raise
+                time.sleep(0.02 * min(attempt + 1, 10) + random.uniform(0, 0.03))
+
+    def _enable_wal(self) -> None:
+        # Switching a new database to WAL takes a lock that the busy timeout does not cover, so two
+        # processes starting at once on a fresh home would see "database is locked" without retries.
+        if self._db.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+            self._db.execute("PRAGMA journal_mode = WAL")
+
     def _migrate(self) -> None:
         if self._db.execute("PRAGMA user_version").fetchone()[0] >= len(MIGRATIONS):
             return
@@ -215,14 +232,10 @@ class SessionStore:
     def _transaction(self) -> Iterator[sqlite3.Connection]:
         """BEGIN IMMEDIATE with retries and jitter while another process holds the write lock."""
         with self._lock:
-            for attempt in range(8):
-                try:
-                    self._db.execute("BEGIN IMMEDIATE")
-                    break
-                except sqlite3.OperationalError as exc:
-                    if ("locked" not in str(exc) and "busy" not in str(exc)) or attempt == 7:
-                        raise StoreError(f"{self.path}: {exc}") from None
-                    time.sleep(0.05 * (attempt + 1) + random.uniform(0, 0.05))
+            try:
+                self._retry_while_locked(lambda: self._db.execute("BEGIN IMMEDIATE"))
+            except sqlite3.OperationalError as exc:
+                raise StoreError(f"{self.path}: {exc}") from None
             try:
                 yield self._db
             except BaseException:
