@@ -81,6 +81,12 @@ def handle_function_call(name: str, args: str | dict[str, Any] | None, task_id: 
     if spec is None:
         return f"error: unknown tool {name!r}"
     try:
-        return run_tool(spec, parse_arguments(args), task_id)
+        parsed = parse_arguments(args)
+        if spec.dangerous is not None:
+            # No one to ask here: only an agent (with its approval policy) may run what needs approval.
+            verdict = spec.dangerous(parsed)
+            if verdict.tier != "safe":
+                raise ToolError(f"not run: {verdict.reason}; this needs the user's approval")
+        return run_tool(spec, parsed, task_id)
     except ToolError as exc:
         return f"error: {exc}"

@@ -46,6 +46,7 @@ class AIAgent(
         stream: stream replies (`agent.stream`, default True).
         fallback_providers: `[{"provider": ..., "model": ...}]` to fail over to, in order.
         source: who started the session ("cli", "python", "subagent", ...), shown in `mibyan sessions`.
+        yolo: run dangerous commands without asking (hardline ones never run).
         **callbacks: the callbacks of `agent.callbacks.Callbacks`, by name.
 
     Raises:
@@ -66,6 +67,7 @@ class AIAgent(
         stream: bool | None = None,
         fallback_providers: list[dict[str, Any]] | None = None,
         source: str = "python",
+        yolo: bool = False,
         **callbacks: Any,
     ) -> None:
         init_agent(
@@ -82,6 +84,7 @@ class AIAgent(
             stream=stream,
             fallback_providers=fallback_providers,
             source=source,
+            yolo=yolo,
             callbacks=callbacks,
         )
 

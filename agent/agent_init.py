@@ -180,12 +180,15 @@ def init_agent(
     stream: bool | None,
     fallback_providers: list[dict[str, Any]] | None,
     source: str,
+    yolo: bool,
     callbacks: dict[str, Any],
 ) -> None:
     """Wire a new AIAgent: settings, provider runtime, adapter, tools, callbacks and session."""
     from agent.callbacks import Callbacks
+    from agent.hooks import Hooks
     from agent.interruptible import InterruptSignal
     from model_tools import get_tool_definitions
+    from tools.approval import ApprovalPolicy
 
     agent.callbacks = Callbacks.from_kwargs(callbacks)
     overrides = settings_overrides(
@@ -214,12 +217,40 @@ def init_agent(
     agent._signal = InterruptSignal()
     agent._context_engine = None
     agent._tool_pool = None
-    agent._max_parallel_tools = 8
+    agent.hooks = Hooks.from_config(settings.hooks)
+    agent.approvals = ApprovalPolicy(
+        ask=agent.callbacks.approval_callback,
+        yolo=yolo,
+        always=list(settings.approvals.always),
+        timeout=settings.approvals.timeout,
+        save_always=lambda key: remember_approval(home_path, key),
+    )
     agent._tool_schemas = get_tool_definitions(
         settings.tools.toolsets, allow=settings.tools.allow, deny=settings.tools.deny
     )
     agent._system_prompt = None
     open_session(agent, session_id, source=source)
+
+
+def remember_approval(home: Path, key: str) -> None:
+    """Add an "always" approval to the user's config.yaml (created 0600 if needed)."""
+    import yaml
+
+    path = home / "config.yaml"
+    data: dict[str, Any] = {}
+    if path.is_file():
+        loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = loaded if isinstance(loaded, dict) else {}
+    approvals = data.setdefault("approvals", {})
+    always = approvals.setdefault("always", [])
+    if key not in always:
+        always.append(key)
+    home.mkdir(mode=0o700, parents=True, exist_ok=True)
+    temporary = path.with_name(".config.yaml.mibyan-tmp")
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        yaml.safe_dump(data, handle, sort_keys=False)
+    os.replace(temporary, path)
 
 
 def open_session(agent: Any, session_id: str | None, *, source: str) -> None:

@@ -1,27 +1,43 @@
 """Tool dispatch: the calls of one reply run concurrently; results land in the model's order.
 
-Calls go to a thread pool and the loop waits on them interruptibly: `interrupt()` stops the wait at
-once, and every call without a result gets an "interrupted" result, so the history stays valid.
+Scheduling rules: an interactive call (clarify) is a barrier: the calls before it finish, it runs alone,
+then the rest go on. Calls that touch one resource (write_file and patch on one path) run in their given
+order. Everything else runs at once, up to `agent.max_parallel_tools`. Each result is appended (and
+stored) as soon as it and every result before it are in.
+
+Per call: resolve → pre_tool_call hook → approval → handler → post_tool_call hook → tool message, with
+`tool_progress_callback` before and after. The loop waits interruptibly: `interrupt()` stops the wait at
+once, running tools are told to stop, and every unfinished call gets an "interrupted" result.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import time
-from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_for_futures
+from dataclasses import dataclass
 from typing import Any
 
 from agent.callbacks import Callbacks
 from agent.errors import ToolError
+from agent.hooks import Hooks
 from agent.interruptible import InterruptSignal
 from agent.messages import INTERRUPTED_RESULT, tool_message
 from agent.turn_state import Continue, Interrupted, TurnState
 from agent_state import SessionStore
+from config.loader import AgentSettings
 from model_tools import check_arguments, parse_arguments, run_tool
-from tools.registry import get_tool
+from tools import context
+from tools.approval import ApprovalPolicy
+from tools.registry import ToolSpec, get_tool
 from tools.session_tools import search_sessions
 
 _PREVIEW_CHARS = 200
+#: After an interrupt, how long running tools get to stop (kill their processes) before the turn returns.
+_STOP_GRACE = 0.15
+_NO_USER = "No user is available to answer. Continue with your best judgement and say what you assumed."
 
 
 def cap_result(text: str, limit: int) -> str:
@@ -34,24 +50,46 @@ def cap_result(text: str, limit: int) -> str:
     return f"{text[:head]}\n\n[... {cut} characters cut from the middle of this output ...]\n\n{text[-tail:]}"
 
 
+@dataclass
+class PlannedCall:
+    """One tool call, resolved and parsed before anything runs."""
+
+    call_id: str
+    name: str
+    raw_args: Any
+    spec: ToolSpec | None = None
+    args: dict[str, Any] | None = None
+    error: str | None = None
+    resource: str | None = None
+    timeout: float = 300.0
+
+    @property
+    def interactive(self) -> bool:
+        return self.spec is not None and self.spec.interactive
+
+
 class ToolExecutorMixin:
     """Runs the tool calls of a reply and appends their results."""
 
+    settings: AgentSettings
     callbacks: Callbacks
-    _signal: InterruptSignal
-    _tool_pool: ThreadPoolExecutor | None
-    _max_parallel_tools: int
+    hooks: Hooks
+    approvals: ApprovalPolicy
     store: SessionStore
     session_id: str
+    _signal: InterruptSignal
+    _tool_pool: ThreadPoolExecutor | None
 
     def _pool(self) -> ThreadPoolExecutor:
         if self._tool_pool is None:
-            self._tool_pool = ThreadPoolExecutor(self._max_parallel_tools, thread_name_prefix="mibyan-tool")
+            workers = self.settings.agent.max_parallel_tools
+            self._tool_pool = ThreadPoolExecutor(workers, thread_name_prefix="mibyan-tool")
         return self._tool_pool
 
-    def _agent_level_tools(self) -> dict[str, Callable[[dict[str, Any]], str]]:
-        """Tools that read or change the agent's own state, run here instead of through the registry."""
-        return {"session_search": self._session_search}
+    # -- agent-level tools: they read or change the agent's own state ---------------------------------
+
+    def _agent_level_tool(self, name: str) -> Any:
+        return {"session_search": self._session_search, "clarify": self._clarify}.get(name)
 
     def _session_search(self, args: dict[str, Any]) -> str:
         return search_sessions(
@@ -64,33 +102,75 @@ class ToolExecutorMixin:
             limit=int(args.get("limit", 10)),
         )
 
-    def _run_tool_call(self, task_id: str, call: dict[str, Any]) -> tuple[str, bool]:
-        """Resolve → run → cap one call. Returns (result text, ok). Never raises for the model's mistakes."""
-        name = call["function"]["name"]
-        raw_args = call["function"].get("arguments")
-        started = time.monotonic()
-        self.callbacks.emit("tool_progress_callback", "start", name, {"arguments": raw_args})
-        spec = get_tool(name)
-        ok = False
+    def _clarify(self, args: dict[str, Any]) -> str:
+        if self.callbacks.clarify_callback is None:
+            return _NO_USER
+        answer = self.callbacks.emit("clarify_callback", str(args["question"]), args.get("choices"))
+        return str(answer) if answer not in (None, "") else "The user gave no answer."
+
+    # -- one call ------------------------------------------------------------------------------------
+
+    def _plan(self, call: dict[str, Any]) -> PlannedCall:
+        function = call.get("function") or {}
+        plan = PlannedCall(
+            call_id=call["id"],
+            name=str(function.get("name", "")),
+            raw_args=function.get("arguments"),
+            timeout=self.settings.agent.tool_timeout,
+        )
+        plan.spec = get_tool(plan.name)
         try:
-            if spec is None:
-                raise ToolError(f"unknown tool {name!r}")
-            args = parse_arguments(raw_args)
-            agent_level = self._agent_level_tools().get(name)
-            if agent_level is not None:
-                check_arguments(spec, args)
-                result = cap_result(agent_level(args), spec.max_result_chars)
-            else:
-                result = cap_result(run_tool(spec, args, task_id), spec.max_result_chars)
-            ok = True
+            if plan.spec is None:
+                raise ToolError(f"unknown tool {plan.name!r}")
+            plan.args = parse_arguments(plan.raw_args)
+            check_arguments(plan.spec, plan.args)
         except ToolError as exc:
-            result = f"error: {exc}"
+            plan.error = f"error: {exc}"
+            return plan
+        spec = plan.spec
+        if spec.resource and isinstance(plan.args.get(spec.resource), str):
+            plan.resource = os.path.abspath(os.path.expanduser(plan.args[spec.resource]))
+        if spec.timeout is not None:
+            plan.timeout = spec.timeout
+        if isinstance(plan.args.get("timeout"), int | float):
+            # a tool that enforces its own timeout gets the time it was asked for, plus a grace period
+            plan.timeout = max(plan.timeout, float(plan.args["timeout"]) + 10)
+        return plan
+
+    def _run_plan(self, plan: PlannedCall, task_id: str) -> tuple[str, bool]:
+        """Hooks → approval → handler → hooks for one resolved call. Runs on a worker thread."""
+        assert plan.spec is not None and plan.args is not None
+        spec, args = plan.spec, plan.args
+        token = context.bind(context.ToolContext(task_id=task_id, signal=self._signal))
+        try:
+            reason = self.hooks.before_tool(plan.name, args, task_id)
+            if reason is not None:
+                return f"blocked by a hook: {reason}", False
+            if spec.dangerous is not None:
+                subject = str(args.get("command") or json.dumps(args, ensure_ascii=False))
+                allowed, why = self.approvals.decide(subject, spec.dangerous(args))
+                if not allowed:
+                    self.callbacks.emit("status_callback", "denied", f"{plan.name}: {why}")
+                    return why, False
+            handler = self._agent_level_tool(plan.name)
+            result = handler(args) if handler is not None else run_tool(spec, args, task_id)
+            result = self.hooks.after_tool(plan.name, args, result, task_id)
+            return cap_result(result, spec.max_result_chars), True
+        except ToolError as exc:
+            return f"error: {exc}", False
+        finally:
+            context.unbind(token)
+
+    def _run_with_progress(self, plan: PlannedCall, task_id: str) -> tuple[str, bool]:
+        started = time.monotonic()
+        self.callbacks.emit("tool_progress_callback", "start", plan.name, {"arguments": plan.raw_args})
+        result, ok = (plan.error, False) if plan.error is not None else self._run_plan(plan, task_id)
         self.callbacks.emit(
             "tool_progress_callback",
             "end",
-            name,
+            plan.name,
             {
-                "arguments": raw_args,
+                "arguments": plan.raw_args,
                 "ok": ok,
                 "duration": time.monotonic() - started,
                 "preview": result[:_PREVIEW_CHARS],
@@ -98,22 +178,88 @@ class ToolExecutorMixin:
         )
         return result, ok
 
+    # -- a reply's calls -------------------------------------------------------------------------------
+
+    @staticmethod
+    def _can_start(index: int, plans: list[PlannedCall], finished: set[int], running: set[int]) -> bool:
+        plan = plans[index]
+        earlier = range(index)
+        if plan.interactive:
+            return not running and all(j in finished for j in earlier)
+        for j in earlier:
+            if j in finished:
+                continue
+            if plans[j].interactive or (plan.resource is not None and plans[j].resource == plan.resource):
+                return False
+        return True
+
     def _execute_tool_calls(self, turn: TurnState, calls: list[dict[str, Any]]) -> Continue | Interrupted:
         """Run every call of a reply; append each result in the calls' order as soon as it is ready."""
-        pool = self._pool()
-        futures: list[Future[tuple[str, bool]]] = []
-        for call in calls:
-            future = pool.submit(self._run_tool_call, turn.task_id, call)
-            future.add_done_callback(lambda _f: self._signal.notify())
-            futures.append(future)
-        interrupted = False
-        for call, future in zip(calls, futures, strict=True):
-            name = call["function"]["name"]
-            self._signal.wait_until(future.done, None)
-            if future.done():
-                result, ok = future.result()
-                turn.tool_failures[name] = 0 if ok else turn.tool_failures.get(name, 0) + 1
-            else:
-                result, interrupted = INTERRUPTED_RESULT, True
-            turn.history.append(tool_message(call["id"], result, name=name))
-        return Interrupted() if interrupted else Continue()
+        plans = [self._plan(call) for call in calls]
+        results: dict[int, tuple[str, bool]] = {}
+        running: dict[int, tuple[Future[tuple[str, bool]], float]] = {}
+        pending = list(range(len(plans)))
+        appended = 0
+        limit = self.settings.agent.max_parallel_tools
+        while True:
+            for index, (future, deadline) in list(running.items()):
+                if future.done():
+                    results[index] = future.result()
+                elif time.monotonic() >= deadline:
+                    results[index] = (
+                        f"error: {plans[index].name} did not finish within "
+                        f"{plans[index].timeout:g} s and was abandoned",
+                        False,
+                    )
+                else:
+                    continue
+                del running[index]
+            while appended in results:
+                self._append_result(turn, plans[appended], *results[appended])
+                appended += 1
+            if appended == len(plans):
+                return Continue()
+            if self._signal.is_set():
+                return self._stop_tools(turn, plans, results, running, appended)
+            for index in list(pending):
+                if len(running) < limit and self._can_start(index, plans, set(results), set(running)):
+                    future = self._pool().submit(self._run_with_progress, plans[index], turn.task_id)
+                    future.add_done_callback(lambda _f: self._signal.notify())
+                    running[index] = (future, time.monotonic() + plans[index].timeout)
+                    pending.remove(index)
+            nearest = min(deadline for _, deadline in running.values())
+            self._signal.wait_until(
+                lambda: any(f.done() for f, _ in running.values()), max(0.0, nearest - time.monotonic())
+            )
+
+    def _stop_tools(
+        self,
+        turn: TurnState,
+        plans: list[PlannedCall],
+        results: dict[int, tuple[str, bool]],
+        running: dict[int, tuple[Future[tuple[str, bool]], float]],
+        appended: int,
+    ) -> Interrupted:
+        """After an interrupt: give running tools a moment to stop, then close every call with a result."""
+        # The interrupt signal is set, so wait on the futures themselves, not on the signal.
+        wait_for_futures([future for future, _ in running.values()], timeout=_STOP_GRACE)
+        for index in range(appended, len(plans)):
+            result = results.get(index)
+            future_entry = running.get(index)
+            if result is None and future_entry is not None and future_entry[0].done():
+                result = future_entry[0].result()
+            self._append_result(turn, plans[index], *(result or (INTERRUPTED_RESULT, False)), count=False)
+        return Interrupted()
+
+    def _append_result(
+        self, turn: TurnState, plan: PlannedCall, result: str, ok: bool, *, count: bool = True
+    ) -> None:
+        if count:
+            failures = 0 if ok else turn.tool_failures.get(plan.name, 0) + 1
+            turn.tool_failures[plan.name] = failures
+            if failures >= self.settings.agent.max_tool_failures:
+                result += (
+                    f"\n\n[{plan.name} has failed {failures} times in a row. Stop repeating the same call: "
+                    "check the arguments against the tool's description, or take a different approach.]"
+                )
+        turn.history.append(tool_message(plan.call_id, result, name=plan.name))

@@ -7,6 +7,7 @@ from typing import Any
 from agent.adapters.base import Adapter, CallHandle, NormalizedResponse
 from agent.agent_init import ProviderRuntime, build_client
 from agent.callbacks import Callbacks, StreamRelay
+from agent.hooks import Hooks
 from agent.interruptible import InterruptSignal, call_interruptibly
 from agent.prompt_caching import apply_prompt_caching
 from agent.turn_state import PreparedRequest, TurnState
@@ -25,6 +26,7 @@ class ApiCallMixin:
     _signal: InterruptSignal
     _client: Any
     _adapter: Adapter
+    hooks: Hooks
 
     def _sdk_client(self) -> Any:
         if self._client is None:
@@ -51,6 +53,7 @@ class ApiCallMixin:
             temperature=agent.temperature,
         )
         body = apply_prompt_caching(body, self.runtime.api_mode)
+        self.hooks.before_llm(request.messages, request.tools)
         client = self._sdk_client()
         handle = CallHandle()
         relay = StreamRelay(self.callbacks, self._signal)
@@ -68,4 +71,5 @@ class ApiCallMixin:
             relay.stop()
         turn.api_calls += 1
         turn.usage.add(response.usage)
+        self.hooks.after_llm(response)
         return response

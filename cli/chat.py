@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from cli.main import EXIT_BUDGET, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 from cli.progress import Progress
+from cli.prompts import prompt_callbacks
 
 if TYPE_CHECKING:
     from run_agent import AIAgent
@@ -61,7 +62,9 @@ def _make_agent(args: argparse.Namespace, progress: Progress) -> AIAgent:
         stream=False if getattr(args, "json", False) else None,
         session_id=_session_to_resume(args),
         source="cli",
+        yolo=args.yolo,
         **progress.callbacks(),
+        **prompt_callbacks(),
     )
 
 

@@ -42,6 +42,11 @@ def _add_agent_options(parser: argparse.ArgumentParser) -> None:
         "--max-turns", type=int, metavar="N", help="model calls one prompt may make (default 500)"
     )
     parser.add_argument("--toolsets", metavar="LIST", help="comma-separated toolsets the model may use")
+    parser.add_argument(
+        "--yolo",
+        action="store_true",
+        help="run dangerous commands without asking (commands that wreck a machine never run)",
+    )
     parser.add_argument("-Q", "--quiet", action="store_true", help="no progress output on stderr")
 
 

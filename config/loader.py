@@ -51,6 +51,21 @@ class AgentSection(_Section):
     max_retry_wait: float = Field(default=60, ge=0)
     max_tokens: int | None = Field(default=None, gt=0)
     temperature: float | None = Field(default=None, ge=0, le=2)
+    max_parallel_tools: int = Field(default=8, gt=0, le=64)
+    max_tool_failures: int = Field(default=3, gt=0)
+    tool_timeout: float = Field(default=300, gt=0)
+
+
+class ApprovalsSection(_Section):
+    timeout: float = Field(default=60, gt=0)
+    always: list[str] = []
+
+
+class HooksSection(_Section):
+    pre_tool_call: list[str] = []
+    post_tool_call: list[str] = []
+    pre_llm_call: list[str] = []
+    post_llm_call: list[str] = []
 
 
 class ToolsSection(_Section):
@@ -66,6 +81,8 @@ class AgentSettings(_Section):
     providers: dict[str, ProviderSettings]
     agent: AgentSection = AgentSection()
     tools: ToolsSection = ToolsSection()
+    approvals: ApprovalsSection = ApprovalsSection()
+    hooks: HooksSection = HooksSection()
     fallback_providers: list[FallbackSettings] = []
 
 

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import re
 import shlex
+import threading
 import unicodedata
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal, cast
 
 Tier = Literal["safe", "dangerous", "hardline"]
 
@@ -319,3 +321,66 @@ def classify_command(command: str) -> Verdict:
         following = segments[index + 1][0] if index + 1 < len(segments) else []
         verdicts.append(_judge_words(words, op, following))
     return _worst(verdicts)
+
+
+Answer = Literal["once", "session", "always", "deny"]
+
+
+class ApprovalPolicy:
+    """Decides whether a dangerous command may run: --yolo, earlier answers, or asking the user.
+
+    "session" answers last for this agent; "always" answers are saved in the user's config.yaml under
+    `approvals.always`. Without a callback (and without --yolo) the answer is deny. A user who does not
+    answer within `timeout` seconds has denied.
+    """
+
+    def __init__(
+        self,
+        *,
+        ask: Callable[[str, str], Any] | None,
+        yolo: bool,
+        always: list[str],
+        timeout: float,
+        save_always: Callable[[str], None],
+    ) -> None:
+        self._ask = ask
+        self.yolo = yolo
+        self._approved = set(always)
+        self._timeout = timeout
+        self._save_always = save_always
+        self._lock = threading.Lock()
+
+    def decide(self, command: str, verdict: Verdict) -> tuple[bool, str]:
+        """(allowed, why). Hardline commands are never allowed."""
+        if verdict.tier == "hardline":
+            return False, f"blocked: {verdict.reason}; mibyan never runs this"
+        if verdict.tier == "safe":
+            return True, ""
+        if self.yolo:
+            return True, "approved by --yolo"
+        with self._lock:  # one question at a time, and a second call of the same kind sees the answer
+            if verdict.key in self._approved:
+                return True, "approved earlier"
+            answer = self._ask_user(command, verdict.reason)
+            if answer in ("session", "always"):
+                self._approved.add(verdict.key)
+            if answer == "always":
+                self._save_always(verdict.key)
+        if answer == "deny":
+            return False, f"denied by user: the command was not run ({verdict.reason})"
+        return True, f"approved by user ({answer})"
+
+    def _ask_user(self, command: str, reason: str) -> Answer:
+        if self._ask is None:
+            return "deny"
+        ask = self._ask
+        box: list[Any] = []
+        worker = threading.Thread(
+            target=lambda: box.append(ask(command, reason)), daemon=True, name="mibyan-approval"
+        )
+        worker.start()
+        worker.join(self._timeout)
+        answer = box[0] if box else "deny"
+        if answer == "once" or answer == "session" or answer == "always":
+            return cast(Answer, answer)
+        return "deny"

@@ -11,9 +11,12 @@ import inspect
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, get_type_hints
+from typing import TYPE_CHECKING, Any, get_type_hints
 
 from agent.adapters.base import ToolSchema
+
+if TYPE_CHECKING:
+    from tools.approval import Verdict
 
 ToolHandler = Callable[..., Any]
 
@@ -31,7 +34,9 @@ class ToolSpec:
         max_result_chars: longer results are cut, with a note saying how much was cut.
         resource: names the argument whose value is the resource a call touches (calls on one
             resource run in order).
-        dangerous: a function that says why a call needs the user's approval, or None when it does not.
+        dangerous: a function giving the approval verdict of a call's arguments (see tools.approval).
+        timeout: seconds the executor waits for a call before reporting a timeout; None means the
+            default (`agent.tool_timeout`). A tool that enforces its own limit (terminal) still ends.
     """
 
     name: str
@@ -41,7 +46,8 @@ class ToolSpec:
     interactive: bool = False
     max_result_chars: int = 50_000
     resource: str | None = None
-    dangerous: Callable[[dict[str, Any]], str | None] | None = None
+    dangerous: Callable[[dict[str, Any]], Verdict] | None = None
+    timeout: float | None = None
     wants_task_id: bool = False
 
 
@@ -110,7 +116,8 @@ def tool(
     interactive: bool = False,
     max_result_chars: int = 50_000,
     resource: str | None = None,
-    dangerous: Callable[[dict[str, Any]], str | None] | None = None,
+    dangerous: Callable[[dict[str, Any]], Verdict] | None = None,
+    timeout: float | None = None,
 ) -> Callable[[ToolHandler], ToolHandler]:
     """Register the decorated function as a tool (see `ToolSpec` for the options)."""
 
@@ -125,6 +132,7 @@ def tool(
             max_result_chars=max_result_chars,
             resource=resource,
             dangerous=dangerous,
+            timeout=timeout,
             wants_task_id="task_id" in inspect.signature(fn).parameters,
         )
         return fn

@@ -1,0 +1,295 @@
+"""The tools runtime through the agent: concurrency, ordering, failures, approvals, hooks, interrupts."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from loopback import Reply, ScriptedServer
+
+from tools.registry import tool, unregister
+
+
+def tool_results(result: dict) -> list[str]:
+    return [m["content"] for m in result["messages"] if m["role"] == "tool"]
+
+
+def test_eight_terminal_calls_run_at_once_and_land_in_order(server: ScriptedServer, make_agent) -> None:
+    calls = [("terminal", {"command": f"sleep 0.5; echo call-{i}"}) for i in range(8)]
+    server.add(Reply(tool_calls=calls), Reply(text="all done"))
+    agent = make_agent(yolo=False)
+
+    started = time.monotonic()
+    result = agent.run_conversation("run them")
+    elapsed = time.monotonic() - started
+
+    assert elapsed <= 1.5  # 8 x 0.5 s in sequence would be 4 s; the bench prints the exact wall
+    outputs = tool_results(result)
+    assert [o.splitlines()[0] for o in outputs] == [f"call-{i}" for i in range(8)]
+    assert all("[exit code 0" in o for o in outputs)
+
+
+def test_clarify_runs_alone_between_concurrent_calls(
+    server: ScriptedServer, make_agent, tmp_path: Path
+) -> None:
+    log = tmp_path / "log"
+    calls = [("terminal", {"command": f"sleep 0.3; echo before-{i} >> {log}"}) for i in range(2)]
+    calls.append(("clarify", {"question": "Which colour?", "choices": ["red", "blue"]}))
+    calls += [("terminal", {"command": f"echo after-{i} >> {log}"}) for i in range(2)]
+    server.add(Reply(tool_calls=calls), Reply(text="ok"))
+    seen_when_asked: list[str] = []
+
+    def clarify(question: str, choices: list[str]) -> str:
+        seen_when_asked.append(log.read_text())
+        return "blue"
+
+    result = make_agent(clarify_callback=clarify).run_conversation("go")
+
+    assert sorted(seen_when_asked[0].split()) == ["before-0", "before-1"]
+    assert tool_results(result)[2] == "blue"
+    assert sorted(log.read_text().split()) == ["after-0", "after-1", "before-0", "before-1"]
+
+
+def test_clarify_without_a_user_says_so(server: ScriptedServer, make_agent) -> None:
+    server.add(Reply(tool_calls=[("clarify", {"question": "Proceed?"})]), Reply(text="ok"))
+    result = make_agent().run_conversation("go")
+    assert "No user is available" in tool_results(result)[0]
+
+
+def test_calls_on_one_file_run_in_their_given_order(
+    server: ScriptedServer, make_agent, tmp_path: Path
+) -> None:
+    target = str(tmp_path / "notes.txt")
+    server.add(
+        Reply(
+            tool_calls=[
+                ("write_file", {"path": target, "content": "one\n"}),
+                ("patch", {"path": target, "old": "one", "new": "two"}),
+                ("patch", {"path": target, "old": "two", "new": "three"}),
+            ]
+        ),
+        Reply(text="ok"),
+    )
+    result = make_agent().run_conversation("edit")
+    assert Path(target).read_text() == "three\n"
+    assert "+two" in tool_results(result)[1] and "+three" in tool_results(result)[2]
+
+
+@pytest.fixture
+def misbehaving_tools():
+    @tool(toolset="test")
+    def hangs() -> str:
+        """Never returns."""
+        threading.Event().wait(30)
+        return "too late"
+
+    @tool(toolset="test")
+    def explodes() -> str:
+        """Raises."""
+        raise RuntimeError("the flux capacitor is off")
+
+    @tool(toolset="test", max_result_chars=10_000)
+    def floods() -> str:
+        """Prints 10 MB."""
+        return "x" * 10_000_000
+
+    yield
+    for name in ("hangs", "explodes", "floods"):
+        unregister(name)
+
+
+def test_each_kind_of_tool_failure_becomes_text_and_the_turn_completes(
+    server: ScriptedServer, make_agent, home: Path, misbehaving_tools
+) -> None:
+    (home / "config.yaml").write_text("agent: {api_max_retries: 0, tool_timeout: 0.5}\n")
+    server.add(Reply(tool_calls=[("hangs", {}), ("explodes", {}), ("floods", {}), ("no_such_tool", {})]))
+    bad_json = Reply(tool_calls=[("explodes", {})])
+    server.add(bad_json, Reply(text="recovered"))
+    agent = make_agent(enabled_toolsets=["test", "core"])
+    original = server._tool_calls
+
+    def broken_arguments(reply: Reply) -> list[dict]:
+        calls = original(reply)
+        if reply is bad_json:
+            calls[0]["function"]["arguments"] = '{"oops": '
+        return calls
+
+    server._tool_calls = broken_arguments  # the model sends arguments that are not JSON
+
+    result = agent.run_conversation("try everything")
+
+    assert result["final_response"] == "recovered"
+    hang, boom, flood, unknown, not_json = tool_results(result)
+    assert "did not finish within 0.5 s" in hang
+    assert "RuntimeError: the flux capacitor is off" in boom
+    assert len(flood) < 11_000 and "characters cut" in flood
+    assert "unknown tool 'no_such_tool'" in unknown
+    assert "not valid JSON" in not_json
+
+
+def test_repeated_failures_of_one_tool_bring_a_nudge(server: ScriptedServer, make_agent) -> None:
+    for _ in range(3):
+        server.add(Reply(tool_calls=[("read_file", {"path": "/no/such/file"})]))
+    server.add(Reply(text="giving up"))
+    results = tool_results(make_agent().run_conversation("read it"))
+    assert "failed" not in results[0].split("\n\n")[-1]
+    assert "has failed 3 times in a row" in results[2]
+
+
+def test_interrupt_while_terminal_runs_kills_the_child(
+    server: ScriptedServer, make_agent, tmp_path: Path
+) -> None:
+    pid_file = tmp_path / "pid"
+    server.add(Reply(tool_calls=[("terminal", {"command": f"echo $$ > {pid_file}; exec sleep 30"})]))
+    agent = make_agent()
+    outcome: dict = {}
+    worker = threading.Thread(target=lambda: outcome.setdefault("result", agent.run_conversation("sleep")))
+    worker.start()
+    deadline = time.monotonic() + 10
+    while not (pid_file.exists() and pid_file.read_text().strip()) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    pid = int(pid_file.read_text())
+
+    interrupted_at = time.monotonic()
+    agent.interrupt()
+    worker.join(5)
+    took = time.monotonic() - interrupted_at
+
+    assert took <= 0.2
+    assert outcome["result"]["interrupted"] is True
+    assert (
+        tool_results(outcome["result"]) == ["interrupted: no result"]
+        or "interrupted" in tool_results(outcome["result"])[0]
+    )
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+
+
+def test_a_denied_command_does_not_run_and_the_model_is_told(
+    server: ScriptedServer, make_agent, tmp_path: Path
+) -> None:
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    server.add(Reply(tool_calls=[("terminal", {"command": f"rm -rf {victim}"})]), Reply(text="ok"))
+    asked: list[tuple[str, str]] = []
+
+    result = make_agent(approval_callback=lambda c, r: asked.append((c, r)) or "deny").run_conversation(
+        "clean"
+    )
+
+    assert victim.exists()
+    assert asked == [(f"rm -rf {victim}", "recursive delete")]
+    assert tool_results(result)[0].startswith("denied by user")
+
+
+def test_without_a_callback_dangerous_commands_are_denied(
+    server: ScriptedServer, make_agent, tmp_path: Path
+) -> None:
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    server.add(Reply(tool_calls=[("terminal", {"command": f"rm -r {victim}"})]), Reply(text="ok"))
+    result = make_agent().run_conversation("clean")
+    assert victim.exists() and tool_results(result)[0].startswith("denied by user")
+
+
+def test_yolo_runs_dangerous_commands_but_never_hardline_ones(
+    server: ScriptedServer, make_agent, tmp_path
+) -> None:
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    server.add(
+        Reply(
+            tool_calls=[("terminal", {"command": f"rm -r {victim}"}), ("terminal", {"command": "rm -rf ~"})]
+        ),
+        Reply(text="ok"),
+    )
+    result = make_agent(yolo=True).run_conversation("clean")
+    assert not victim.exists()
+    assert tool_results(result)[1].startswith("blocked: recursive delete of the root")
+
+
+def test_session_and_always_answers_are_remembered(
+    server: ScriptedServer, make_agent, home: Path, tmp_path
+) -> None:
+    for name in ("a", "b", "c"):
+        (tmp_path / name).mkdir()
+    server.add(
+        Reply(tool_calls=[("terminal", {"command": f"rm -r {tmp_path / 'a'}"})]),
+        Reply(tool_calls=[("terminal", {"command": f"rm -r {tmp_path / 'b'}"})]),
+        Reply(text="ok"),
+    )
+    asked: list[str] = []
+    agent = make_agent(approval_callback=lambda c, r: asked.append(c) or "always")
+    agent.run_conversation("clean")
+    assert len(asked) == 1 and not (tmp_path / "b").exists()
+    assert yaml.safe_load((home / "config.yaml").read_text())["approvals"]["always"] == ["rm_recursive"]
+
+    server.add(Reply(tool_calls=[("terminal", {"command": f"rm -r {tmp_path / 'c'}"})]), Reply(text="ok"))
+    make_agent(approval_callback=lambda c, r: asked.append(c) or "deny").run_conversation("again")
+    assert len(asked) == 1 and not (tmp_path / "c").exists()
+
+
+def test_an_unanswered_approval_times_out_to_deny(
+    server: ScriptedServer, make_agent, home: Path, tmp_path
+) -> None:
+    (home / "config.yaml").write_text("agent: {api_max_retries: 0}\napprovals: {timeout: 0.2}\n")
+    (tmp_path / "keep").mkdir()
+    server.add(Reply(tool_calls=[("terminal", {"command": f"rm -r {tmp_path / 'keep'}"})]), Reply(text="ok"))
+    result = make_agent(approval_callback=lambda c, r: time.sleep(2) or "once").run_conversation("clean")
+    assert (tmp_path / "keep").exists() and tool_results(result)[0].startswith("denied")
+
+
+def test_hooks_can_block_and_rewrite_tool_calls(server: ScriptedServer, make_agent) -> None:
+    server.add(
+        Reply(tool_calls=[("terminal", {"command": "echo secret"}), ("list_directory", {"path": "."})]),
+        Reply(text="ok"),
+    )
+    llm_calls: list[int] = []
+    agent = make_agent()
+    agent.hooks.register(
+        "pre_tool_call", lambda name, args, task: "no shells today" if name == "terminal" else None
+    )
+    agent.hooks.register("post_tool_call", lambda name, args, result, task: result.upper())
+    agent.hooks.register("pre_llm_call", lambda messages, tools: llm_calls.append(len(messages)))
+
+    results = tool_results(agent.run_conversation("go"))
+
+    assert results[0] == "blocked by a hook: no shells today"
+    assert results[1] == results[1].upper()
+    assert len(llm_calls) == 2
+
+
+def test_hooks_from_the_config_file(
+    server: ScriptedServer, make_agent, home: Path, tmp_path: Path, monkeypatch
+) -> None:
+    (tmp_path / "myhooks.py").write_text("def deny_all(name, args, task_id):\n    return 'policy says no'\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (home / "config.yaml").write_text(
+        "agent: {api_max_retries: 0}\nhooks: {pre_tool_call: ['myhooks:deny_all']}\n"
+    )
+    server.add(Reply(tool_calls=[("list_directory", {})]), Reply(text="ok"))
+    assert tool_results(make_agent().run_conversation("go")) == ["blocked by a hook: policy says no"]
+
+
+def test_a_hook_that_cannot_be_imported_is_a_config_error(home: Path) -> None:
+    from agent.errors import ConfigError
+    from run_agent import AIAgent
+
+    (home / "config.yaml").write_text("hooks: {pre_tool_call: ['nowhere:nothing']}\n")
+    with pytest.raises(ConfigError, match="nowhere:nothing"):
+        AIAgent(base_url="http://127.0.0.1:9/v1", home=home)
+
+
+def test_handle_function_call_refuses_what_needs_approval(tmp_path: Path) -> None:
+    from model_tools import handle_function_call
+
+    (tmp_path / "d").mkdir()
+    assert handle_function_call("terminal", {"command": f"rm -r {tmp_path / 'd'}"}).startswith(
+        "error: not run"
+    )
+    assert (tmp_path / "d").exists()
+    assert handle_function_call("terminal", '{"command": "echo hi"}').startswith("hi")

@@ -1,0 +1,60 @@
+"""What a running tool may know about the call it serves: its task, and whether it should stop.
+
+The executor sets the context on the worker thread before calling a handler; a long-running tool
+(terminal, web_fetch) waits through `wait_or_stop` so an interrupt reaches it at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextvars import ContextVar
+from dataclasses import dataclass
+
+from agent.interruptible import InterruptSignal
+
+
+@dataclass(frozen=True)
+class ToolContext:
+    task_id: str | None
+    signal: InterruptSignal
+
+
+_CURRENT: ContextVar[ToolContext | None] = ContextVar("mibyan_tool_context", default=None)
+
+
+def current() -> ToolContext | None:
+    return _CURRENT.get()
+
+
+def bind(context: ToolContext) -> object:
+    """Make `context` the current one on this thread; returns a token for `unbind`."""
+    return _CURRENT.set(context)
+
+
+def unbind(token: object) -> None:
+    _CURRENT.reset(token)  # type: ignore[arg-type]
+
+
+def stop_requested() -> bool:
+    context = _CURRENT.get()
+    return context is not None and context.signal.is_set()
+
+
+def wait_or_stop(done: Callable[[], bool], timeout: float | None) -> None:
+    """Wait until `done()`, the timeout, or an interrupt, whichever comes first."""
+    context = _CURRENT.get()
+    if context is None:
+        import time
+
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not done() and (deadline is None or time.monotonic() < deadline):
+            time.sleep(0.02)
+        return
+    context.signal.wait_until(done, timeout)
+
+
+def waker() -> Callable[[], None]:
+    """A function that wakes this tool's `wait_or_stop`; hand it to the helper threads the tool starts
+    (they do not inherit the tool's context)."""
+    context = _CURRENT.get()
+    return context.signal.notify if context is not None else (lambda: None)
