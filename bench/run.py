@@ -175,6 +175,24 @@ def bench_iterations(server: ScriptedServer, length: int, home: Path) -> tuple[l
     return ours, bare
 
 
+def bench_parallel_tools(server: ScriptedServer, home: Path) -> None:
+    """8 terminal calls in one reply, each sleeping 0.5 s: wall time of the tool round vs one call."""
+    from run_agent import AIAgent
+
+    calls = [("terminal", {"command": "sleep 0.5"}) for _ in range(8)]
+    rounds: list[float] = []
+    single: list[float] = []
+    for _ in range(max(RUNS // 2, 3)):
+        for batch, sink in ((calls, rounds), (calls[:1], single)):
+            server.script.extend([Reply(tool_calls=batch), Reply(text="done")])
+            agent = AIAgent(base_url=server.base_url, home=home)
+            start = len(server.requests)
+            agent.run_conversation("run them")
+            seen = server.requests[start:]
+            sink.append((seen[1].arrived - server.reply_sent_at[start]) * 1000)
+    show("8 parallel `sleep 0.5` terminal calls (round wall)", rounds, single)
+
+
 def main() -> None:
     with tempfile.TemporaryDirectory() as tmp, ScriptedServer() as server:
         home = Path(tmp)
@@ -185,6 +203,7 @@ def main() -> None:
             ours, bare = bench_iterations(server, length, home)
             show(f"per-iteration overhead, {length} messages", ours, bare)
             show(f"  bare openai SDK loop, {length} messages", bare)
+        bench_parallel_tools(server, home)
     from bench import sessions
 
     sessions.main()
