@@ -144,13 +144,19 @@ def build_client(runtime: ProviderRuntime, settings: AgentSettings) -> Any:
     )
 
 
-def adapter_for(api_mode: str) -> Adapter:
-    """The adapter of an API mode."""
-    if api_mode == "chat_completions":
-        from agent.adapters.chat_completions import ChatCompletionsAdapter
+def adapter_for(api_mode: str, settings: AgentSettings) -> Adapter:
+    """The adapter of an API mode (imported on use: each pulls in only what its mode needs)."""
+    if api_mode == "anthropic_messages":
+        from agent.adapters.anthropic_messages import AnthropicMessagesAdapter
 
-        return ChatCompletionsAdapter()
-    raise ConfigError(f"api_mode: '{api_mode}' is not available in this version of mibyan")
+        return AnthropicMessagesAdapter(thinking_budget=settings.agent.thinking_budget)
+    if api_mode == "codex_responses":
+        from agent.adapters.codex_responses import CodexResponsesAdapter
+
+        return CodexResponsesAdapter()
+    from agent.adapters.chat_completions import ChatCompletionsAdapter
+
+    return ChatCompletionsAdapter()
 
 
 __all__ = [
@@ -212,7 +218,7 @@ def init_agent(
         api_mode=api_mode,
         env=os.environ,
     )
-    agent._adapter = adapter_for(agent.runtime.api_mode)
+    agent._adapter = adapter_for(agent.runtime.api_mode, settings)
     agent._client = None
     agent._signal = InterruptSignal()
     agent._context_engine = None

@@ -44,7 +44,7 @@ class ConversationLoopMixin:
     _prepare_iteration: Callable[[TurnState], PreparedRequest | Interrupted | BudgetExhausted]
     _call_with_retries: Callable[[TurnState, PreparedRequest], NormalizedResponse | Interrupted | Failed]
     _handle_truncation: Callable[[TurnState, NormalizedResponse], NormalizedResponse | Failed]
-    _check_empty_reply: Callable[[TurnState, NormalizedResponse], NormalizedResponse]
+    _check_empty_reply: Callable[[TurnState, NormalizedResponse], NormalizedResponse | Continue | Failed]
     _execute_tool_calls: Callable[[TurnState, list[dict[str, Any]]], Continue | Interrupted]
     _sink: MessageSink | None
     store: SessionStore
@@ -131,7 +131,10 @@ class ConversationLoopMixin:
         checked = self._handle_truncation(turn, reply)
         if not isinstance(checked, NormalizedResponse):
             return checked
-        reply = self._check_empty_reply(turn, checked)
+        usable = self._check_empty_reply(turn, checked)
+        if not isinstance(usable, NormalizedResponse):
+            return usable
+        reply = usable
         turn.history.append(
             assistant_message(
                 reply.content,

@@ -20,6 +20,7 @@ ProviderErrorReason = Literal[
     "bad_request",
     "content_filter",
     "malformed_reply",
+    "incomplete_response",
     "unknown",
 ]
 

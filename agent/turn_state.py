@@ -26,6 +26,7 @@ class TurnState:
     error: str | None = None
     tool_failures: dict[str, int] = field(default_factory=dict)
     overflow_retried: bool = False
+    empty_replies: int = 0
 
 
 @dataclass(frozen=True)

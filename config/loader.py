@@ -51,6 +51,7 @@ class AgentSection(_Section):
     max_retry_wait: float = Field(default=60, ge=0)
     max_tokens: int | None = Field(default=None, gt=0)
     temperature: float | None = Field(default=None, ge=0, le=2)
+    thinking_budget: int | None = Field(default=None, ge=1024)
     max_parallel_tools: int = Field(default=8, gt=0, le=64)
     max_tool_failures: int = Field(default=3, gt=0)
     tool_timeout: float = Field(default=300, gt=0)

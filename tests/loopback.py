@@ -80,7 +80,16 @@ class ScriptedServer:
 
     @property
     def base_url(self) -> str:
+        """For the OpenAI SDK (Chat Completions and Responses)."""
         return f"http://127.0.0.1:{self._httpd.server_address[1]}/v1"
+
+    @property
+    def root_url(self) -> str:
+        """For the Anthropic SDK, which adds /v1/messages itself."""
+        return f"http://127.0.0.1:{self._httpd.server_address[1]}"
+
+    def url_for(self, api_mode: str) -> str:
+        return self.root_url if api_mode == "anthropic_messages" else self.base_url
 
     def add(self, *replies: Reply) -> ScriptedServer:
         self.script.extend(replies)
@@ -134,6 +143,7 @@ class ScriptedServer:
                         server.hangups += 1
                     self.close_connection = True
                     return
+                wire = server._wire_for(self.path)
                 if reply.status != 200:
                     self._send_json(
                         reply.status,
@@ -141,9 +151,9 @@ class ScriptedServer:
                         reply.headers,
                     )
                 elif body.get("stream"):
-                    self._send_stream(reply, body)
+                    self._send_stream(reply, body, wire)
                 else:
-                    self._send_json(200, server._completion(reply), reply.headers)
+                    self._send_json(200, wire.whole(reply), reply.headers)
                 server.reply_sent_at.append(time.perf_counter())
 
             def _wait(self, seconds: float) -> bool:
@@ -170,14 +180,14 @@ class ScriptedServer:
                 self.end_headers()
                 self.wfile.write(data)
 
-            def _send_stream(self, reply: Reply, body: dict[str, Any]) -> None:
+            def _send_stream(self, reply: Reply, body: dict[str, Any], wire: Any) -> None:
                 self.send_response(200)
                 self.send_header("Content-Type", "text/event-stream")
                 self.send_header("Transfer-Encoding", "chunked")
                 self.end_headers()
                 try:
-                    for event in server._chunks(reply, body):
-                        data = f"data: {event}\n\n".encode()
+                    for event in wire.events(reply, body):
+                        data = event.encode()
                         self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
                         self.wfile.flush()
                     if reply.cut:
@@ -190,6 +200,13 @@ class ScriptedServer:
 
         return Handler
 
+    def _wire_for(self, path: str) -> Any:
+        if path.endswith("/messages"):
+            return AnthropicWire(self)
+        if path.endswith("/responses"):
+            return ResponsesWire(self)
+        return ChatWire(self)
+
     def _tool_calls(self, reply: Reply) -> list[dict[str, Any]]:
         return [
             {
@@ -200,26 +217,41 @@ class ScriptedServer:
             for name, args in reply.tool_calls
         ]
 
-    def _finish_reason(self, reply: Reply) -> str:
-        return reply.finish_reason or ("tool_calls" if reply.tool_calls else "stop")
 
-    def _completion(self, reply: Reply) -> dict[str, Any]:
+def _sse(data: dict[str, Any] | str, event: str | None = None) -> str:
+    payload = data if isinstance(data, str) else json.dumps(data)
+    return (f"event: {event}\n" if event else "") + f"data: {payload}\n\n"
+
+
+def _split(text: str, pieces: int) -> list[str]:
+    size = max(1, -(-len(text) // pieces))
+    return [text[i : i + size] for i in range(0, len(text), size)]
+
+
+class ChatWire:
+    """Chat Completions bodies and chunks."""
+
+    def __init__(self, server: ScriptedServer) -> None:
+        self.server = server
+
+    def whole(self, reply: Reply) -> dict[str, Any]:
         message: dict[str, Any] = {"role": "assistant", "content": reply.text}
         if reply.tool_calls:
-            message["tool_calls"] = self._tool_calls(reply)
+            message["tool_calls"] = self.server._tool_calls(reply)
         if reply.reasoning:
             message["reasoning_content"] = reply.reasoning
+        finish = reply.finish_reason or ("tool_calls" if reply.tool_calls else "stop")
         return {
             "id": "chatcmpl-1",
             "object": "chat.completion",
             "model": "scripted",
-            "choices": [{"index": 0, "message": message, "finish_reason": self._finish_reason(reply)}],
+            "choices": [{"index": 0, "message": message, "finish_reason": finish}],
             "usage": {**reply.usage, "total_tokens": sum(reply.usage.values())},
         }
 
-    def _chunks(self, reply: Reply, body: dict[str, Any]) -> list[str]:
+    def events(self, reply: Reply, body: dict[str, Any]) -> list[str]:
         def chunk(delta: dict[str, Any], finish: str | None = None) -> str:
-            return json.dumps(
+            return _sse(
                 {
                     "id": "chatcmpl-1",
                     "object": "chat.completion.chunk",
@@ -232,36 +264,26 @@ class ScriptedServer:
         if reply.reasoning:
             events.append(chunk({"reasoning_content": reply.reasoning}))
         if reply.text:
-            size = max(1, -(-len(reply.text) // reply.chunks))
-            events.extend(
-                chunk({"content": reply.text[i : i + size]}) for i in range(0, len(reply.text), size)
-            )
-        for index, call in enumerate(self._tool_calls(reply)):
+            events.extend(chunk({"content": piece}) for piece in _split(reply.text, reply.chunks))
+        for index, call in enumerate(self.server._tool_calls(reply)):
             arguments = call["function"]["arguments"]
             half = len(arguments) // 2
-            events.append(
-                chunk(
-                    {
-                        "tool_calls": [
-                            {
-                                "index": index,
-                                "id": call["id"],
-                                "type": "function",
-                                "function": {"name": call["function"]["name"], "arguments": arguments[:half]},
-                            }
-                        ]
-                    }
-                )
-            )
+            first = {
+                "index": index,
+                "id": call["id"],
+                "type": "function",
+                "function": {"name": call["function"]["name"], "arguments": arguments[:half]},
+            }
+            events.append(chunk({"tool_calls": [first]}))
             events.append(
                 chunk({"tool_calls": [{"index": index, "function": {"arguments": arguments[half:]}}]})
             )
         if reply.cut:
             return events
-        events.append(chunk({}, self._finish_reason(reply)))
+        events.append(chunk({}, reply.finish_reason or ("tool_calls" if reply.tool_calls else "stop")))
         if (body.get("stream_options") or {}).get("include_usage"):
             events.append(
-                json.dumps(
+                _sse(
                     {
                         "id": "chatcmpl-1",
                         "object": "chat.completion.chunk",
@@ -270,5 +292,223 @@ class ScriptedServer:
                     }
                 )
             )
-        events.append("[DONE]")
+        events.append(_sse("[DONE]"))
+        return events
+
+
+class AnthropicWire:
+    """Anthropic Messages bodies and events."""
+
+    def __init__(self, server: ScriptedServer) -> None:
+        self.server = server
+
+    def _usage(self, reply: Reply) -> dict[str, int]:
+        return {
+            "input_tokens": reply.usage["prompt_tokens"],
+            "output_tokens": reply.usage["completion_tokens"],
+        }
+
+    def _blocks(self, reply: Reply) -> list[dict[str, Any]]:
+        blocks: list[dict[str, Any]] = []
+        if reply.reasoning:
+            blocks.append(
+                {"type": "thinking", "thinking": reply.reasoning, "signature": "sig-" + reply.reasoning[:8]}
+            )
+        if reply.text:
+            blocks.append({"type": "text", "text": reply.text})
+        for call in self.server._tool_calls(reply):
+            blocks.append(
+                {
+                    "type": "tool_use",
+                    "id": call["id"].replace("call_", "toolu_"),
+                    "name": call["function"]["name"],
+                    "input": json.loads(call["function"]["arguments"]),
+                }
+            )
+        return blocks
+
+    def _stop(self, reply: Reply) -> str:
+        return {"length": "max_tokens"}.get(
+            reply.finish_reason or "", "tool_use" if reply.tool_calls else "end_turn"
+        )
+
+    def whole(self, reply: Reply) -> dict[str, Any]:
+        return {
+            "id": "msg_1",
+            "type": "message",
+            "role": "assistant",
+            "model": "scripted",
+            "content": self._blocks(reply),
+            "stop_reason": self._stop(reply),
+            "usage": self._usage(reply),
+        }
+
+    def events(self, reply: Reply, body: dict[str, Any]) -> list[str]:
+        start = {
+            "id": "msg_1",
+            "type": "message",
+            "role": "assistant",
+            "content": [],
+            "model": "scripted",
+            "usage": {"input_tokens": reply.usage["prompt_tokens"], "output_tokens": 1},
+        }
+        events = [_sse({"type": "message_start", "message": start}, "message_start")]
+        for index, block in enumerate(self._blocks(reply)):
+            kind = block["type"]
+            empty = {
+                "thinking": {"type": "thinking", "thinking": "", "signature": ""},
+                "text": {"type": "text", "text": ""},
+                "tool_use": {**block, "input": {}},
+            }[kind]
+            events.append(
+                _sse(
+                    {"type": "content_block_start", "index": index, "content_block": empty},
+                    "content_block_start",
+                )
+            )
+            if kind == "thinking":
+                deltas = [
+                    {"type": "thinking_delta", "thinking": block["thinking"]},
+                    {"type": "signature_delta", "signature": block["signature"]},
+                ]
+            elif kind == "text":
+                deltas = [
+                    {"type": "text_delta", "text": piece} for piece in _split(block["text"], reply.chunks)
+                ]
+            else:
+                raw = json.dumps(block["input"])
+                deltas = [{"type": "input_json_delta", "partial_json": piece} for piece in _split(raw, 2)]
+            events.extend(
+                _sse({"type": "content_block_delta", "index": index, "delta": d}, "content_block_delta")
+                for d in deltas
+            )
+            events.append(_sse({"type": "content_block_stop", "index": index}, "content_block_stop"))
+        if reply.cut:
+            return events
+        events.append(
+            _sse(
+                {
+                    "type": "message_delta",
+                    "delta": {"stop_reason": self._stop(reply)},
+                    "usage": {"output_tokens": reply.usage["completion_tokens"]},
+                },
+                "message_delta",
+            )
+        )
+        events.append(_sse({"type": "message_stop"}, "message_stop"))
+        return events
+
+
+class ResponsesWire:
+    """OpenAI Responses bodies and events."""
+
+    def __init__(self, server: ScriptedServer) -> None:
+        self.server = server
+
+    def whole(self, reply: Reply) -> dict[str, Any]:
+        output: list[dict[str, Any]] = []
+        if reply.reasoning:
+            output.append(
+                {
+                    "id": "rs_1",
+                    "type": "reasoning",
+                    "encrypted_content": "enc-" + reply.reasoning,
+                    "summary": [{"type": "summary_text", "text": reply.reasoning}],
+                }
+            )
+        if reply.text:
+            output.append(
+                {
+                    "id": "msg_1",
+                    "type": "message",
+                    "role": "assistant",
+                    "status": "completed",
+                    "content": [{"type": "output_text", "text": reply.text, "annotations": []}],
+                }
+            )
+        for call in self.server._tool_calls(reply):
+            output.append(
+                {
+                    "id": "fc_" + call["id"],
+                    "type": "function_call",
+                    "status": "completed",
+                    "call_id": call["id"],
+                    "name": call["function"]["name"],
+                    "arguments": call["function"]["arguments"],
+                }
+            )
+        incomplete = reply.finish_reason == "length"
+        return {
+            "id": "resp_1",
+            "object": "response",
+            "model": "scripted",
+            "output": output,
+            "status": "incomplete" if incomplete else "completed",
+            "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
+            "usage": {
+                "input_tokens": reply.usage["prompt_tokens"],
+                "output_tokens": reply.usage["completion_tokens"],
+            },
+        }
+
+    def events(self, reply: Reply, body: dict[str, Any]) -> list[str]:
+        final = self.whole(reply)
+        events = [
+            _sse(
+                {"type": "response.created", "response": {**final, "output": [], "status": "in_progress"}},
+                "response.created",
+            )
+        ]
+        for index, item in enumerate(final["output"]):
+            events.append(
+                _sse(
+                    {
+                        "type": "response.output_item.added",
+                        "output_index": index,
+                        "item": {**item, "arguments": ""} if item["type"] == "function_call" else item,
+                    },
+                    "response.output_item.added",
+                )
+            )
+            if item["type"] == "reasoning":
+                events.append(
+                    _sse(
+                        {
+                            "type": "response.reasoning_summary_text.delta",
+                            "output_index": index,
+                            "delta": reply.reasoning,
+                        },
+                        "response.reasoning_summary_text.delta",
+                    )
+                )
+            elif item["type"] == "message":
+                events.extend(
+                    _sse(
+                        {"type": "response.output_text.delta", "output_index": index, "delta": piece},
+                        "response.output_text.delta",
+                    )
+                    for piece in _split(reply.text or "", reply.chunks)
+                )
+            else:
+                events.extend(
+                    _sse(
+                        {
+                            "type": "response.function_call_arguments.delta",
+                            "output_index": index,
+                            "delta": piece,
+                        },
+                        "response.function_call_arguments.delta",
+                    )
+                    for piece in _split(item["arguments"], 2)
+                )
+            events.append(
+                _sse(
+                    {"type": "response.output_item.done", "output_index": index, "item": item},
+                    "response.output_item.done",
+                )
+            )
+        if reply.cut:
+            return events
+        kind = "response.incomplete" if final["status"] == "incomplete" else "response.completed"
+        events.append(_sse({"type": kind, "response": final}, kind))
         return events

@@ -34,7 +34,7 @@ def load_cassette(relative: str) -> list[Interaction]:
             request_body = json.loads(raw_request)
         else:
             request_body = request.get("parsed_body") or {}
-        body = response["body"].get("string")
+        body = (response.get("body") or {}).get("string")
         if body is None and "parsed_body" in response:
             body = json.dumps(response["parsed_body"])
         raw = body if isinstance(body, bytes) else body.encode()
@@ -58,6 +58,16 @@ class Replay:
         recorded = self.interactions.pop(0)
         return httpx2.Response(
             recorded.status, headers={"content-type": recorded.content_type}, content=recorded.body
+        )
+
+    def anthropic_client(self) -> Any:
+        import anthropic
+
+        return anthropic.Anthropic(
+            api_key="test-key",
+            base_url="https://api.anthropic.com",
+            max_retries=0,
+            http_client=anthropic.DefaultHttpxClient(transport=httpx2.MockTransport(self.handler)),
         )
 
     def openai_client(self) -> Any:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from agent.errors import ProviderError
 from agent.messages import Message
 
 
@@ -80,11 +83,26 @@ class ToolSchema:
     parameters: dict[str, Any]
 
 
-class Adapter(Protocol):
-    """One API mode: converts history and tools to its wire format and back."""
+class StreamAssembler(Protocol):
+    """Builds one reply from a stream's events; `finish()` raises if the stream never completed."""
+
+    def feed(self, event: Any) -> None: ...
+
+    def finish(self) -> NormalizedResponse: ...
+
+
+class WireAdapter(ABC):
+    """One API mode: converts history and tools to its wire format and parses replies back.
+
+    Subclasses build the body and parse replies; the call itself lives here once for all modes. The
+    body goes out through the SDK's low-level `post` pre-serialized (the typed `create()` would re-walk
+    every message on every call), and replies come back as plain dicts, streamed or not.
+    """
 
     api_mode: str
+    path: str
 
+    @abstractmethod
     def build_request(
         self,
         *,
@@ -95,7 +113,25 @@ class Adapter(Protocol):
         stream: bool,
         max_tokens: int | None,
         temperature: float | None,
-    ) -> dict[str, Any]: ...
+    ) -> dict[str, Any]:
+        """The request body for this mode."""
+
+    @abstractmethod
+    def parse_reply(self, data: Any) -> NormalizedResponse:
+        """Parse a non-streamed reply body."""
+
+    @abstractmethod
+    def assembler(self, events: StreamEvents) -> StreamAssembler:
+        """A fresh assembler for one streamed reply."""
+
+    def request_options(self, timeout: float) -> dict[str, Any]:
+        return {"headers": {"Content-Type": "application/json"}, "timeout": timeout}
+
+    def stream_class(self) -> Any:
+        """The SDK's Stream class, which splits the SSE body into events (openai's by default)."""
+        from openai import Stream
+
+        return Stream
 
     def send(
         self,
@@ -106,4 +142,43 @@ class Adapter(Protocol):
         events: StreamEvents,
         handle: CallHandle,
         timeout: float,
-    ) -> NormalizedResponse: ...
+    ) -> NormalizedResponse:
+        """Post `body` and return the parsed reply; a stream cut mid-way raises a dropped_stream error."""
+        import httpx2
+
+        content = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+        options = self.request_options(timeout)
+        if not stream:
+            data = client.post(self.path, cast_to=object, content=content, options=options)
+            return self.parse_reply(data)
+        chunks = client.post(
+            self.path,
+            cast_to=object,
+            content=content,
+            options=options,
+            stream=True,
+            stream_cls=self.stream_class()[object],
+        )
+        assembler = self.assembler(events)
+        try:
+            for chunk in chunks:
+                if handle.abandoned:
+                    break
+                assembler.feed(chunk)
+        except httpx2.TransportError as exc:
+            raise ProviderError(f"the connection dropped mid-stream: {exc}", reason="dropped_stream") from exc
+        except Exception as exc:
+            # The SDKs wrap transport errors in their own APIConnectionError; the rest is theirs to raise.
+            if type(exc).__name__ not in ("APIConnectionError", "APITimeoutError"):
+                raise
+            raise ProviderError(f"the connection dropped mid-stream: {exc}", reason="dropped_stream") from exc
+        finally:
+            chunks.response.close()
+        return assembler.finish()
+
+
+def malformed(what: str, data: Any) -> ProviderError:
+    return ProviderError(f"the model's reply is not {what}: {str(data)[:200]}", reason="malformed_reply")
+
+
+Adapter = WireAdapter

@@ -7,11 +7,10 @@ long history. Replies come back as plain dicts and both paths end in the same pa
 
 from __future__ import annotations
 
-import json
 import uuid
 from typing import Any
 
-from agent.adapters.base import CallHandle, NormalizedResponse, StreamEvents, ToolSchema, Usage
+from agent.adapters.base import NormalizedResponse, StreamEvents, ToolSchema, Usage, WireAdapter, malformed
 from agent.errors import ProviderError
 from agent.messages import Message
 
@@ -77,9 +76,7 @@ def parse_completion(data: Any) -> NormalizedResponse:
         choice = data["choices"][0]
         message = choice["message"]
     except (KeyError, IndexError, TypeError):
-        raise ProviderError(
-            f"the model's reply is not a chat completion: {str(data)[:200]}", reason="malformed_reply"
-        ) from None
+        raise malformed("a chat completion", data) from None
     tool_calls = [
         _normal_tool_call(
             i, call.get("id"), call.get("function", {}).get("name"), call.get("function", {}).get("arguments")
@@ -163,10 +160,11 @@ class ChatStreamAssembler:
         )
 
 
-class ChatCompletionsAdapter:
+class ChatCompletionsAdapter(WireAdapter):
     """The `chat_completions` API mode."""
 
     api_mode = "chat_completions"
+    path = "/chat/completions"
 
     def build_request(
         self,
@@ -192,44 +190,11 @@ class ChatCompletionsAdapter:
             body["temperature"] = temperature
         return body
 
-    def send(
-        self,
-        client: Any,
-        body: dict[str, Any],
-        *,
-        stream: bool,
-        events: StreamEvents,
-        handle: CallHandle,
-        timeout: float,
-    ) -> NormalizedResponse:
-        import httpx2
-        from openai import APIConnectionError, Stream
+    def parse_reply(self, data: Any) -> NormalizedResponse:
+        return parse_completion(data)
 
-        options: dict[str, Any] = {
-            "security": {"bearer_auth": True},
-            "headers": {"Content-Type": "application/json"},
-            "timeout": timeout,
-        }
-        content = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
-        if not stream:
-            data = client.post("/chat/completions", cast_to=object, content=content, options=options)
-            return parse_completion(data)
-        chunks = client.post(
-            "/chat/completions",
-            cast_to=object,
-            content=content,
-            options=options,
-            stream=True,
-            stream_cls=Stream[object],
-        )
-        assembler = ChatStreamAssembler(events)
-        try:
-            for chunk in chunks:
-                if handle.abandoned:
-                    break
-                assembler.feed(chunk)
-        except (APIConnectionError, httpx2.TransportError) as exc:
-            raise ProviderError(f"the connection dropped mid-stream: {exc}", reason="dropped_stream") from exc
-        finally:
-            chunks.response.close()
-        return assembler.finish()
+    def assembler(self, events: StreamEvents) -> ChatStreamAssembler:
+        return ChatStreamAssembler(events)
+
+    def request_options(self, timeout: float) -> dict[str, Any]:
+        return {**super().request_options(timeout), "security": {"bearer_auth": True}}
