@@ -113,6 +113,20 @@ def _create_tables(db: sqlite3.Connection) -> None:
         db.execute(statement)
 
 
+@migration
+def _create_session_events(db: sqlite3.Connection) -> None:
+    db.execute(
+        """CREATE TABLE session_events (
+            id INTEGER PRIMARY KEY,
+            session_id TEXT NOT NULL,
+            created_at REAL NOT NULL,
+            kind TEXT NOT NULL,
+            detail TEXT
+        )"""
+    )
+    db.execute("CREATE INDEX session_events_session ON session_events(session_id)")
+
+
 def _row_to_message(row: sqlite3.Row) -> Message:
     message: Message = {"role": row["role"], "content": row["content"]}
     if row["tool_calls"]:
@@ -337,6 +351,21 @@ class SessionStore:
                 (input_tokens, output_tokens, session_id),
             )
 
+    def record_event(self, session_id: str, kind: str, detail: str) -> None:
+        """Note something that happened to a session (a provider switch, a compression)."""
+        with self._transaction() as db:
+            db.execute(
+                "INSERT INTO session_events (session_id, created_at, kind, detail) VALUES (?, ?, ?, ?)",
+                (session_id, time.time(), kind, mask_secrets(detail)),
+            )
+
+    def events(self, session_id: str) -> list[dict[str, Any]]:
+        rows = self._query(
+            "SELECT kind, detail, created_at FROM session_events WHERE session_id = ? ORDER BY id",
+            (session_id,),
+        )
+        return [dict(r) for r in rows]
+
     def descendants(self, session_id: str) -> list[str]:
         rows = self._query(
             "WITH RECURSIVE tree(id) AS (SELECT ? UNION"
@@ -351,6 +380,7 @@ class SessionStore:
         with self._transaction() as db:
             for sid in reversed(ids):
                 db.execute("DELETE FROM messages WHERE session_id = ?", (sid,))
+                db.execute("DELETE FROM session_events WHERE session_id = ?", (sid,))
                 db.execute("DELETE FROM sessions WHERE id = ?", (sid,))
         return ids
 

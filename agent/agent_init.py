@@ -11,7 +11,14 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 from agent.errors import ConfigError
-from config.loader import API_MODES, AgentSettings, FallbackSettings, load_settings, mibyan_home
+from config.loader import (
+    API_MODES,
+    AgentSettings,
+    FallbackSettings,
+    ProviderSettings,
+    load_settings,
+    mibyan_home,
+)
 
 if TYPE_CHECKING:
     from agent.adapters.base import Adapter
@@ -50,6 +57,31 @@ def is_loopback(base_url: str) -> bool:
     return (urlparse(base_url).hostname or "") in _LOOPBACK_HOSTS
 
 
+def read_api_key(config: ProviderSettings, env: Mapping[str, str]) -> str | None:
+    """The provider's key, read now: its `api_key_command`, else its variable, else `api_key` in config."""
+    if config.api_key_command:
+        import subprocess
+
+        try:
+            done = subprocess.run(
+                config.api_key_command,
+                shell=True,
+                capture_output=True,
+                text=True,
+                timeout=30,
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            raise ConfigError(f"api_key_command: '{config.api_key_command}' took longer than 30 s") from None
+        if done.returncode != 0:
+            raise ConfigError(f"api_key_command: '{config.api_key_command}' failed (exit {done.returncode})")
+        if done.stdout.strip():
+            return done.stdout.strip()
+    if config.api_key_env and env.get(config.api_key_env):
+        return env[config.api_key_env]
+    return config.api_key
+
+
 def resolve_runtime(
     settings: AgentSettings,
     *,
@@ -69,7 +101,7 @@ def resolve_runtime(
     url = base_url or config.base_url
     if not url:
         raise ConfigError(f"providers.{provider}.base_url: not set; give the provider's API address")
-    key = api_key or (env.get(config.api_key_env) if config.api_key_env else None)
+    key = api_key or read_api_key(config, env)
     if not key:
         if not is_loopback(url):
             variable = config.api_key_env or f"providers.{provider}.api_key_env"
@@ -218,6 +250,8 @@ def init_agent(
         api_mode=api_mode,
         env=os.environ,
     )
+    agent._primary_runtime = agent.runtime
+    agent._failed_providers = {}
     agent._adapter = adapter_for(agent.runtime.api_mode, settings)
     agent._client = None
     agent._signal = InterruptSignal()

@@ -17,6 +17,7 @@ class IterationBudget:
             raise ValueError("an iteration budget needs at least one iteration")
         self.limit = limit
         self._used = 0
+        self._grace_granted = False
         self._lock = threading.Lock()
 
     def consume(self) -> bool:
@@ -26,6 +27,13 @@ class IterationBudget:
                 return False
             self._used += 1
             return True
+
+    def grant_grace_call(self) -> None:
+        """Allow exactly one more call, once (a fallback that takes over a stalled, spent budget)."""
+        with self._lock:
+            if not self._grace_granted:
+                self._grace_granted = True
+                self.limit += 1
 
     @property
     def used(self) -> int:

@@ -9,8 +9,10 @@ from typing import Any, assert_never
 from agent.adapters.base import NormalizedResponse
 from agent.budget import IterationBudget
 from agent.callbacks import Callbacks
+from agent.errors import ProviderError
 from agent.interruptible import InterruptSignal
 from agent.messages import History, Message, MessageSink, assistant_message, user_message
+from agent.turn_api_error import failover_cause
 from agent.turn_state import (
     BudgetExhausted,
     Continue,
@@ -43,10 +45,14 @@ class ConversationLoopMixin:
     _session_system_prompt: Callable[[], str]
     _prepare_iteration: Callable[[TurnState], PreparedRequest | Interrupted | BudgetExhausted]
     _call_with_retries: Callable[[TurnState, PreparedRequest], NormalizedResponse | Interrupted | Failed]
-    _handle_truncation: Callable[[TurnState, NormalizedResponse], NormalizedResponse | Failed]
+    _handle_truncation: Callable[
+        [TurnState, NormalizedResponse, PreparedRequest], NormalizedResponse | Continue | Interrupted | Failed
+    ]
     _check_empty_reply: Callable[[TurnState, NormalizedResponse], NormalizedResponse | Continue | Failed]
     _execute_tool_calls: Callable[[TurnState, list[dict[str, Any]]], Continue | Interrupted]
     _sink: MessageSink | None
+    _restore_primary: Callable[[], None]
+    _fail_over: Callable[[ProviderError], bool]
     store: SessionStore
 
     def interrupt(self) -> None:
@@ -94,6 +100,7 @@ class ConversationLoopMixin:
         task_id: str | None,
     ) -> TurnState:
         self._signal.clear()
+        self._restore_primary()
         if conversation_history is not None:
             self._adopt_history(conversation_history)
         if system_message is not None:
@@ -128,10 +135,16 @@ class ConversationLoopMixin:
         reply = self._call_with_retries(turn, prepared)
         if not isinstance(reply, NormalizedResponse):
             return reply
-        checked = self._handle_truncation(turn, reply)
+        checked = self._handle_truncation(turn, reply, prepared)
         if not isinstance(checked, NormalizedResponse):
             return checked
         usable = self._check_empty_reply(turn, checked)
+        stalled = failover_cause(usable)
+        if stalled is not None and self._fail_over(stalled):
+            turn.empty_replies = 0
+            if self._budget.remaining == 0:
+                self._budget.grant_grace_call()
+            return Continue()
         if not isinstance(usable, NormalizedResponse):
             return usable
         reply = usable

@@ -26,7 +26,7 @@ ProviderErrorReason = Literal[
 
 #: Reasons worth retrying the same call for: the next attempt may well succeed.
 RETRYABLE_REASONS: frozenset[str] = frozenset(
-    {"rate_limit", "overloaded", "server", "timeout", "connection", "dropped_stream"}
+    {"rate_limit", "overloaded", "server", "timeout", "connection", "dropped_stream", "malformed_reply"}
 )
 
 

@@ -61,7 +61,13 @@ class ApiCallMixin:
         try:
             response = call_interruptibly(
                 lambda: self._adapter.send(
-                    client, body, stream=agent.stream, events=relay, handle=handle, timeout=agent.api_timeout
+                    client,
+                    body,
+                    stream=agent.stream,
+                    events=relay,
+                    handle=handle,
+                    timeout=agent.api_timeout,
+                    stall_timeout=agent.stream_stall_timeout,
                 ),
                 signal=self._signal,
                 timeout=agent.api_timeout + _TIMEOUT_SLACK,

@@ -7,16 +7,21 @@ imported to recognise the other's errors; transport errors that are not SDK erro
 from __future__ import annotations
 
 import logging
+import os
 import random
+import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-from agent.adapters.base import NormalizedResponse
+from agent.adapters.base import Adapter, NormalizedResponse
+from agent.agent_init import ProviderRuntime, adapter_for, read_api_key, resolve_runtime
 from agent.callbacks import Callbacks
-from agent.errors import ProviderError, ProviderErrorReason, TurnInterrupted
+from agent.errors import ConfigError, MibyanError, ProviderError, ProviderErrorReason, TurnInterrupted
 from agent.interruptible import InterruptSignal
 from agent.turn_state import Failed, Interrupted, PreparedRequest, TurnState
-from config.loader import AgentSettings
+from agent_state import SessionStore
+from config.loader import AgentSettings, load_settings
 
 log = logging.getLogger("mibyan.api")
 
@@ -108,12 +113,41 @@ def backoff_delay(attempt: int, retry_after: float | None, cap: float) -> float:
     return min(0.5 * 2.0**attempt + random.uniform(0, 0.25), cap)
 
 
+#: Failures after which the next provider should take over (once retries, if any, are spent).
+_FAILOVER_REASONS = frozenset(
+    {
+        "rate_limit",
+        "overloaded",
+        "server",
+        "timeout",
+        "connection",
+        "dropped_stream",
+        "auth",
+        "incomplete_response",
+    }
+)
+
+
 class ApiErrorMixin:
-    """Wraps the model call in classification and retries with back-off."""
+    """Wraps the model call in classification, retries with back-off, credential refresh and failover.
+
+    Transient failures are retried on the same provider (`agent.api_max_retries`, back-off with jitter,
+    a server's retry-after honoured up to `agent.max_retry_wait`). When the provider keeps failing, or
+    asks to wait longer than that, the next provider of `fallback_providers` continues the conversation;
+    a 401/403 first re-reads the key once. The primary is tried again at the next user turn.
+    """
 
     settings: AgentSettings
     callbacks: Callbacks
+    runtime: ProviderRuntime
+    session_id: str
+    store: SessionStore
+    home: Path
     _signal: InterruptSignal
+    _client: Any
+    _adapter: Adapter
+    _primary_runtime: ProviderRuntime
+    _failed_providers: dict[tuple[str, str], float]
 
     _call_model_once: Callable[[TurnState, PreparedRequest], NormalizedResponse]
     _recover_from_overflow: Callable[[TurnState, ProviderError], bool]
@@ -121,9 +155,20 @@ class ApiErrorMixin:
     def _call_with_retries(
         self, turn: TurnState, request: PreparedRequest
     ) -> NormalizedResponse | Interrupted | Failed:
-        """Call the model; retry transient failures; return the reply or the step that ends the turn."""
+        """Call the model; retry, refresh or fail over; return the reply or the step that ends the turn."""
+        while True:
+            outcome = self._call_this_provider(turn, request)
+            error = failover_cause(outcome)
+            if error is not None and self._fail_over(error):
+                continue
+            return outcome
+
+    def _call_this_provider(
+        self, turn: TurnState, request: PreparedRequest
+    ) -> NormalizedResponse | Interrupted | Failed:
         retries = self.settings.agent.api_max_retries
         attempt = 0
+        refreshed = False
         while True:
             try:
                 return self._call_model_once(turn, request)
@@ -133,9 +178,15 @@ class ApiErrorMixin:
                 error = classify_error(exc)
             if error.reason == "context_overflow" and self._recover_from_overflow(turn, error):
                 continue
-            if not error.retryable or attempt >= retries:
+            if error.reason == "auth" and not refreshed:
+                refreshed = True
+                if self._refresh_credentials():
+                    continue
+            wait_cap = self.settings.agent.max_retry_wait
+            asks_too_long = error.retry_after is not None and error.retry_after > wait_cap
+            if not error.retryable or attempt >= retries or (asks_too_long and self._has_fallback()):
                 return Failed(error)
-            delay = backoff_delay(attempt, error.retry_after, self.settings.agent.max_retry_wait)
+            delay = backoff_delay(attempt, error.retry_after, wait_cap)
             attempt += 1
             self.callbacks.emit(
                 "status_callback",
@@ -146,3 +197,76 @@ class ApiErrorMixin:
                 self._signal.sleep(delay)
             except TurnInterrupted:
                 return Interrupted()
+
+    def _refresh_credentials(self) -> bool:
+        """Re-read the key (command, variable, config file); True when a different key was found."""
+        try:
+            settings = load_settings(home=self.home)
+            config = settings.providers.get(self.runtime.provider)
+            key = read_api_key(config, os.environ) if config is not None else None
+        except MibyanError as exc:
+            self.callbacks.emit("status_callback", "auth", f"could not re-read the key: {exc}")
+            return False
+        if not key or key == self.runtime.api_key:
+            return False
+        self.runtime.api_key = key
+        self._client = None
+        self.callbacks.emit(
+            "status_callback", "auth", f"re-read the key of {self.runtime.provider}; retrying"
+        )
+        return True
+
+    def _has_fallback(self) -> bool:
+        return self.runtime.fallback_index < len(self.settings.fallback_providers)
+
+    def _fail_over(self, error: ProviderError) -> bool:
+        """Switch to the next healthy fallback provider; False when none is left."""
+        now = time.monotonic()
+        self._failed_providers[(self.runtime.provider, self.runtime.model)] = now
+        interval = self.settings.agent.health_check_interval
+        chain = self.settings.fallback_providers
+        for index in range(self.runtime.fallback_index, len(chain)):
+            entry = chain[index]
+            model = entry.model or self._primary_runtime.model
+            failed_at = self._failed_providers.get((entry.provider, model))
+            if failed_at is not None and now - failed_at < interval:
+                continue
+            try:
+                runtime = resolve_runtime(
+                    self.settings,
+                    provider=entry.provider,
+                    model=model,
+                    base_url=None,
+                    api_key=None,
+                    api_mode=None,
+                    env=os.environ,
+                    fallback_index=index + 1,
+                )
+            except ConfigError as exc:
+                self.callbacks.emit(
+                    "status_callback", "failover", f"skipping fallback {entry.provider}: {exc}"
+                )
+                continue
+            self._switch_runtime(runtime, f"{error.reason}: {error}")
+            return True
+        return False
+
+    def _switch_runtime(self, runtime: ProviderRuntime, why: str) -> None:
+        old = self.runtime
+        self.runtime = runtime
+        self._adapter = adapter_for(runtime.api_mode, self.settings)
+        self._client = None
+        message = f"switched from {old.provider}/{old.model} to {runtime.provider}/{runtime.model} ({why})"
+        self.callbacks.emit("status_callback", "failover", message)
+        self.store.record_event(self.session_id, "provider_switch", message)
+
+    def _restore_primary(self) -> None:
+        """At a new user turn the primary provider gets another chance."""
+        if self.runtime is not self._primary_runtime:
+            self._switch_runtime(self._primary_runtime, "new turn: trying the primary again")
+
+
+def failover_cause(outcome: object) -> ProviderError | None:
+    """The error to fail over on, when `outcome` is a failure the next provider might not have."""
+    error = outcome.error if isinstance(outcome, Failed) else None
+    return error if isinstance(error, ProviderError) and error.reason in _FAILOVER_REASONS else None

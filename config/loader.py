@@ -36,6 +36,8 @@ class ProviderSettings(_Section):
     api_mode: ApiMode | None = None
     base_url: str | None = None
     api_key_env: str | None = None
+    api_key_command: str | None = None
+    api_key: str | None = None
 
 
 class FallbackSettings(_Section):
@@ -48,7 +50,9 @@ class AgentSection(_Section):
     stream: bool = True
     api_timeout: float = Field(default=600, gt=0)
     api_max_retries: int = Field(default=3, ge=0)
-    max_retry_wait: float = Field(default=60, ge=0)
+    max_retry_wait: float = Field(default=30, ge=0)
+    stream_stall_timeout: float = Field(default=90, gt=0)
+    health_check_interval: float = Field(default=30, ge=0)
     max_tokens: int | None = Field(default=None, gt=0)
     temperature: float | None = Field(default=None, ge=0, le=2)
     thinking_budget: int | None = Field(default=None, ge=1024)

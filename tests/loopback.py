@@ -52,6 +52,7 @@ class Seen:
     body: dict[str, Any]
     arrived: float
     path: str
+    headers: dict[str, str] = field(default_factory=dict)
 
 
 class _QuietServer(ThreadingHTTPServer):
@@ -135,7 +136,9 @@ class ScriptedServer:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = json.loads(self.rfile.read(length) or b"{}")
                 with server._arrivals:
-                    server.requests.append(Seen(body=body, arrived=arrived, path=self.path))
+                    server.requests.append(
+                        Seen(body=body, arrived=arrived, path=self.path, headers=dict(self.headers.items()))
+                    )
                     server._arrivals.notify_all()
                 reply = server._next_reply(body)
                 if reply.delay and not self._wait(reply.delay):

@@ -124,8 +124,12 @@ class WireAdapter(ABC):
     def assembler(self, events: StreamEvents) -> StreamAssembler:
         """A fresh assembler for one streamed reply."""
 
-    def request_options(self, timeout: float) -> dict[str, Any]:
-        return {"headers": {"Content-Type": "application/json"}, "timeout": timeout}
+    def request_options(self, timeout: float, stall_timeout: float | None = None) -> dict[str, Any]:
+        """Headers and timeouts of one call: `stall_timeout` bounds the silence between two reads."""
+        import httpx2
+
+        limit = httpx2.Timeout(timeout, read=stall_timeout) if stall_timeout else timeout
+        return {"headers": {"Content-Type": "application/json"}, "timeout": limit}
 
     def stream_class(self) -> Any:
         """The SDK's Stream class, which splits the SSE body into events (openai's by default)."""
@@ -142,12 +146,13 @@ class WireAdapter(ABC):
         events: StreamEvents,
         handle: CallHandle,
         timeout: float,
+        stall_timeout: float | None = None,
     ) -> NormalizedResponse:
         """Post `body` and return the parsed reply; a stream cut mid-way raises a dropped_stream error."""
         import httpx2
 
         content = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
-        options = self.request_options(timeout)
+        options = self.request_options(timeout, stall_timeout)
         if not stream:
             data = client.post(self.path, cast_to=object, content=content, options=options)
             return self.parse_reply(data)

@@ -208,8 +208,8 @@ class CodexResponsesAdapter(WireAdapter):
     def assembler(self, events: StreamEvents) -> ResponsesStreamAssembler:
         return ResponsesStreamAssembler(events)
 
-    def request_options(self, timeout: float) -> dict[str, Any]:
-        return {**super().request_options(timeout), "security": {"bearer_auth": True}}
+    def request_options(self, timeout: float, stall_timeout: float | None = None) -> dict[str, Any]:
+        return {**super().request_options(timeout, stall_timeout), "security": {"bearer_auth": True}}
 
     def send(
         self,
@@ -220,8 +220,17 @@ class CodexResponsesAdapter(WireAdapter):
         events: StreamEvents,
         handle: CallHandle,
         timeout: float,
+        stall_timeout: float | None = None,
     ) -> NormalizedResponse:
-        reply = super().send(client, body, stream=stream, events=events, handle=handle, timeout=timeout)
+        reply = super().send(
+            client,
+            body,
+            stream=stream,
+            events=events,
+            handle=handle,
+            timeout=timeout,
+            stall_timeout=stall_timeout,
+        )
         if reply.provider_data:
             # Tag the reasoning with the model name we asked for (the reply names a dated snapshot), so a
             # later request to the same model replays it and a request to another model does not.
