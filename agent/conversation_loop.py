@@ -6,7 +6,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any, assert_never
 
-from agent.adapters.base import NormalizedResponse
+from agent.adapters.base import NormalizedResponse, ToolSchema
 from agent.budget import IterationBudget
 from agent.callbacks import Callbacks
 from agent.errors import ProviderError
@@ -51,6 +51,7 @@ class ConversationLoopMixin:
     _check_empty_reply: Callable[[TurnState, NormalizedResponse], NormalizedResponse | Continue | Failed]
     _execute_tool_calls: Callable[[TurnState, list[dict[str, Any]]], Continue | Interrupted]
     _sink: MessageSink | None
+    _tool_schemas: list[ToolSchema]
     _restore_primary: Callable[[], None]
     _fail_over: Callable[[ProviderError], bool]
     store: SessionStore
@@ -178,7 +179,13 @@ class ConversationLoopMixin:
         note = _SUMMARY_REQUEST.format(limit=self._budget.limit)
         messages = [*turn.history.messages, user_message(note)]
         reply = self._call_with_retries(
-            turn, PreparedRequest(system_prompt=turn.system_prompt, messages=messages, tools=[])
+            turn,
+            PreparedRequest(
+                system_prompt=turn.system_prompt,
+                messages=messages,
+                tools=self._tool_schemas,
+                allow_tool_calls=False,
+            ),
         )
         if not isinstance(reply, NormalizedResponse):
             return reply

@@ -51,6 +51,7 @@ class ApiCallMixin:
             stream=agent.stream,
             max_tokens=agent.max_tokens,
             temperature=agent.temperature,
+            allow_tool_calls=request.allow_tool_calls,
         )
         body = apply_prompt_caching(body, self.runtime.api_mode)
         self.hooks.before_llm(request.messages, request.tools)

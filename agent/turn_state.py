@@ -37,6 +37,7 @@ class PreparedRequest:
     system_prompt: str
     messages: list[Message]
     tools: list[ToolSchema]
+    allow_tool_calls: bool = True
 
 
 # The steps. A phase returns one; the loop matches on it.

@@ -59,7 +59,13 @@ class TruncationMixin:
             so_far = "".join(parts)
             messages = [*request.messages, assistant_message(so_far), user_message(_CONTINUE_NOTE)]
             more = self._call_with_retries(
-                turn, PreparedRequest(system_prompt=request.system_prompt, messages=messages, tools=[])
+                turn,
+                PreparedRequest(
+                    system_prompt=request.system_prompt,
+                    messages=messages,
+                    tools=request.tools,
+                    allow_tool_calls=False,
+                ),
             )
             if not isinstance(more, NormalizedResponse):
                 return more

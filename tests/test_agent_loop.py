@@ -154,8 +154,8 @@ def test_budget_exhausted_makes_one_summary_call_without_tools(server: ScriptedS
     assert result["exit_reason"] == "budget_exhausted"
     assert result["completed"] is False
     assert len(server.requests) == 4
-    assert all("tools" in seen.body for seen in server.requests[:3])
-    assert "tools" not in server.requests[3].body
+    assert all("tool_choice" not in seen.body for seen in server.requests[:3])
+    assert server.requests[3].body["tool_choice"] == "none"
     assert result["final_response"] == "summary"
     assert result["messages"][-1]["role"] == "assistant"
     assert "tool_calls" not in result["messages"][-1]

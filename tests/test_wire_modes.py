@@ -177,3 +177,20 @@ def test_three_reasoning_only_replies_end_the_attempt(server: ScriptedServer, ma
     assert result["exit_reason"] == "error"
     assert "only reasoning 3 times in a row" in result["error"]
     assert len(server.requests) == 3
+
+
+@pytest.mark.parametrize(
+    ("mode", "choice"),
+    [("chat_completions", "none"), ("codex_responses", "none"), ("anthropic_messages", {"type": "none"})],
+)
+def test_the_budget_summary_describes_tools_but_forbids_calling_them(
+    server: ScriptedServer, make_agent, mode, choice
+):
+    server.default = lambda body: Reply(tool_calls=[("list_directory", {})], text="summary")
+    result = make_agent(base_url=server.url_for(mode), api_mode=mode, max_iterations=2).run_conversation(
+        "loop"
+    )
+    last = server.requests[-1].body
+    assert result["exit_reason"] == "budget_exhausted"
+    assert last["tools"] and last["tool_choice"] == choice
+    assert repair_history(result["messages"])[1] == []

@@ -208,6 +208,7 @@ class AnthropicMessagesAdapter(WireAdapter):
         stream: bool,
         max_tokens: int | None,
         temperature: float | None,
+        allow_tool_calls: bool = True,
     ) -> dict[str, Any]:
         # "messages" goes last: the body then grows only at its end from one turn to the next.
         body: dict[str, Any] = {
@@ -224,6 +225,8 @@ class AnthropicMessagesAdapter(WireAdapter):
             body["tools"] = [
                 {"name": t.name, "description": t.description, "input_schema": t.parameters} for t in tools
             ]
+            if not allow_tool_calls:
+                body["tool_choice"] = {"type": "none"}
         if system_prompt:
             body["system"] = [{"type": "text", "text": system_prompt}]
         body["messages"] = wire_messages(messages)

@@ -113,8 +113,10 @@ class WireAdapter(ABC):
         stream: bool,
         max_tokens: int | None,
         temperature: float | None,
+        allow_tool_calls: bool = True,
     ) -> dict[str, Any]:
-        """The request body for this mode."""
+        """The request body for this mode. With `allow_tool_calls` False the tools are still described
+        (Anthropic requires that when the history holds tool blocks) but the model may not call them."""
 
     @abstractmethod
     def parse_reply(self, data: Any) -> NormalizedResponse:

@@ -176,12 +176,15 @@ class ChatCompletionsAdapter(WireAdapter):
         stream: bool,
         max_tokens: int | None,
         temperature: float | None,
+        allow_tool_calls: bool = True,
     ) -> dict[str, Any]:
         wire = [{"role": "system", "content": system_prompt}] if system_prompt else []
         wire.extend(wire_message(m) for m in messages)
         body: dict[str, Any] = {"model": model, "messages": wire, "stream": stream}
         if tools:
             body["tools"] = wire_tools(tools)
+            if not allow_tool_calls:
+                body["tool_choice"] = "none"
         if stream:
             body["stream_options"] = {"include_usage": True}
         if max_tokens is not None:

@@ -179,6 +179,7 @@ class CodexResponsesAdapter(WireAdapter):
         stream: bool,
         max_tokens: int | None,
         temperature: float | None,
+        allow_tool_calls: bool = True,
     ) -> dict[str, Any]:
         body: dict[str, Any] = {
             "model": model,
@@ -193,6 +194,8 @@ class CodexResponsesAdapter(WireAdapter):
                 {"type": "function", "name": t.name, "description": t.description, "parameters": t.parameters}
                 for t in tools
             ]
+            if not allow_tool_calls:
+                body["tool_choice"] = "none"
         if max_tokens is not None:
             body["max_output_tokens"] = max_tokens
         if temperature is not None:
