@@ -223,8 +223,10 @@ def init_agent(
 ) -> None:
     """Wire a new AIAgent: settings, provider runtime, adapter, tools, callbacks and session."""
     from agent.callbacks import Callbacks
+    from agent.context_engine import load_engine
     from agent.hooks import Hooks
     from agent.interruptible import InterruptSignal
+    from agent.tokens import TokenEstimator, context_window_for
     from model_tools import get_tool_definitions
     from tools.approval import ApprovalPolicy
 
@@ -255,7 +257,9 @@ def init_agent(
     agent._adapter = adapter_for(agent.runtime.api_mode, settings)
     agent._client = None
     agent._signal = InterruptSignal()
-    agent._context_engine = None
+    agent._estimator = TokenEstimator()
+    agent._window = context_window_for(agent.runtime.model, settings.model.context_window)
+    agent._context_engine = load_engine(settings, agent._window, agent._estimator, make_summarizer(agent))
     agent._tool_pool = None
     agent.hooks = Hooks.from_config(settings.hooks)
     agent.approvals = ApprovalPolicy(
@@ -293,6 +297,17 @@ def remember_approval(home: Path, key: str) -> None:
     os.replace(temporary, path)
 
 
+def make_summarizer(agent: Any) -> Any:
+    """The compression summarizer: the `compression` side task through the auxiliary client."""
+
+    def summarize(system_prompt: str, prompt: str) -> str:
+        from agent.auxiliary_client import AuxiliaryClient
+
+        return AuxiliaryClient(agent.settings, agent.runtime, "compression").complete(system_prompt, prompt)
+
+    return summarize
+
+
 def open_session(agent: Any, session_id: str | None, *, source: str) -> None:
     """Open the store and the session: a new one, or an existing one resumed at its newest descendant.
 
@@ -311,9 +326,9 @@ def open_session(agent: Any, session_id: str | None, *, source: str) -> None:
         agent._system_prompt = row.get("system_prompt") or None
         messages = store.load_messages(session_id)
     agent.session_id = session_id or new_session_id()
-    runtime = agent.runtime
 
     def meta() -> dict[str, Any]:
+        runtime = agent.runtime  # read at call time: after a failover it is the fallback
         return {
             "source": source,
             "model": runtime.model,
@@ -323,6 +338,7 @@ def open_session(agent: Any, session_id: str | None, *, source: str) -> None:
             "cwd": str(Path.cwd()),
         }
 
+    agent._session_meta = meta
     agent._sink = SessionSink(store, agent.session_id, meta)
     agent._history = History(messages, sink=agent._sink)
     for note in agent._history.repair():

@@ -53,6 +53,7 @@ class ConversationLoopMixin:
     _sink: MessageSink | None
     _tool_schemas: list[ToolSchema]
     _restore_primary: Callable[[], None]
+    _compress_if_needed: Callable[[TurnState | None, float, str], None]
     _fail_over: Callable[[ProviderError], bool]
     store: SessionStore
 
@@ -209,6 +210,9 @@ class ConversationLoopMixin:
                 assert_never(step)
         if turn.api_calls:
             self.store.add_usage(self.session_id, turn.usage.input_tokens, turn.usage.output_tokens)
+        if isinstance(step, Final):
+            # Between turns: a long session is compressed before it gets near the window.
+            self._compress_if_needed(turn, self.settings.compression.gateway_threshold, "between turns")
         return {
             "final_response": turn.final_response,
             "messages": list(turn.history.messages),

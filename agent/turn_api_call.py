@@ -10,6 +10,7 @@ from agent.callbacks import Callbacks, StreamRelay
 from agent.hooks import Hooks
 from agent.interruptible import InterruptSignal, call_interruptibly
 from agent.prompt_caching import apply_prompt_caching
+from agent.tokens import TokenEstimator
 from agent.turn_state import PreparedRequest, TurnState
 from config.loader import AgentSettings
 
@@ -27,6 +28,7 @@ class ApiCallMixin:
     _client: Any
     _adapter: Adapter
     hooks: Hooks
+    _estimator: TokenEstimator
 
     def _sdk_client(self) -> Any:
         if self._client is None:
@@ -78,5 +80,7 @@ class ApiCallMixin:
             relay.stop()
         turn.api_calls += 1
         turn.usage.add(response.usage)
+        if turn.request_estimate and response.usage.input_tokens:
+            self._estimator.calibrate(turn.request_estimate, response.usage.input_tokens)
         self.hooks.after_llm(response)
         return response

@@ -6,6 +6,7 @@ imported to recognise the other's errors; transport errors that are not SDK erro
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import random
@@ -177,6 +178,9 @@ class ApiErrorMixin:
             except Exception as exc:  # the classification boundary: every failure gets a reason
                 error = classify_error(exc)
             if error.reason == "context_overflow" and self._recover_from_overflow(turn, error):
+                request = dataclasses.replace(
+                    request, messages=turn.history.messages
+                )  # the compressed history
                 continue
             if error.reason == "auth" and not refreshed:
                 refreshed = True

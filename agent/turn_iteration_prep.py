@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from agent.adapters.base import ToolSchema
 from agent.budget import IterationBudget
 from agent.callbacks import Callbacks
-from agent.context_engine import ContextEngine
 from agent.interruptible import InterruptSignal
+from agent.tokens import TokenEstimator
 from agent.turn_state import BudgetExhausted, Interrupted, PreparedRequest, TurnState
+from config.loader import AgentSettings
+
+_PRESSURE = 0.7
 
 
 class IterationPrepMixin:
@@ -16,27 +21,44 @@ class IterationPrepMixin:
     callbacks: Callbacks
     _signal: InterruptSignal
     _budget: IterationBudget
-    _context_engine: ContextEngine | None
     _tool_schemas: list[ToolSchema]
+    _estimator: TokenEstimator
+    _window: int
+    settings: AgentSettings
+    _compress_if_needed: Callable[[TurnState | None, float, str], None]
 
     def _prepare_iteration(self, turn: TurnState) -> PreparedRequest | Interrupted | BudgetExhausted:
         if self._signal.is_set():
             return Interrupted()
         if not self._budget.consume():
             return BudgetExhausted()
-        engine = self._context_engine
-        if engine is not None and engine.should_compress(turn.history, system_prompt=turn.system_prompt):
-            engine.compress(turn.history, reason="preflight")
+        self._compress_if_needed(turn, self.settings.compression.threshold, "preflight")
         for note in turn.history.repair():
             self.callbacks.emit("status_callback", "repaired", note)
         layers = self._ephemeral_layers(turn)
         system_prompt = "\n\n".join([turn.system_prompt, *layers]) if layers else turn.system_prompt
+        turn.request_estimate = self._estimator.raw_estimate(
+            turn.history.messages, system_prompt, self._tool_schemas
+        )
         return PreparedRequest(
             system_prompt=system_prompt, messages=turn.history.messages, tools=self._tool_schemas
         )
 
     def _ephemeral_layers(self, turn: TurnState) -> list[str]:
-        """Notes sent with this request only, never stored: the budget warnings at 70% and 90%."""
+        """Notes sent with this request only, never stored: budget warnings and context pressure."""
+        layers = self._budget_layers()
+        share = (
+            self._estimator.estimate(turn.history.messages, turn.system_prompt, self._tool_schemas)
+            / self._window
+        )
+        if share >= _PRESSURE:
+            layers.append(
+                f"[Context: about {share:.0%} of the model's context window is in use. Keep tool "
+                "outputs small (read files in ranges, filter command output).]"
+            )
+        return layers
+
+    def _budget_layers(self) -> list[str]:
         used = self._budget.fraction_used
         if used >= 0.9:
             return [

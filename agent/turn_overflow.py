@@ -1,27 +1,96 @@
-"""Context overflow: a request too large for the model is compressed and retried once, never resent as is."""
+"""Compression in the turn: preflight, on a context-overflow error, between turns, and on request.
+
+A context-overflow error is not retried as is: the history is compressed and the call retried once;
+still too large is one clear error. Every compression ends the session (end_reason "compressed") and
+continues in a child session whose parent_id is the old one, so the parent's messages stay searchable
+and resuming the parent lands in the child.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
+from agent.adapters.base import ToolSchema
+from agent.agent_init import new_session_id
 from agent.callbacks import Callbacks
 from agent.context_engine import ContextEngine
 from agent.errors import ProviderError
+from agent.messages import History, MessageSink, repair_history
 from agent.turn_state import TurnState
+from agent_state import SessionSink, SessionStore
 
 
 class OverflowMixin:
-    """Recovers from a context-overflow error through the context engine, once per turn."""
+    """Applies the context engine's compressions and moves the conversation into a child session."""
 
     callbacks: Callbacks
+    store: SessionStore
+    session_id: str
+    _history: History
+    _sink: MessageSink | None
     _context_engine: ContextEngine | None
+    _tool_schemas: list[ToolSchema]
+    _session_system_prompt: Callable[[], str]
+    _session_meta: Callable[[], dict[str, Any]]
+
+    def compress(self) -> dict[str, Any]:
+        """Compress the conversation now (the REPL's /compress). Returns what was done."""
+        done = self._compress(None, reason="manual")
+        return {
+            "compressed": done is not None,
+            "session_id": self.session_id,
+            "report": done or "nothing to compress",
+        }
+
+    def _compress_if_needed(self, turn: TurnState | None, threshold: float, reason: str) -> None:
+        engine = self._context_engine
+        if engine is not None and engine.should_compress(
+            self._history.messages,
+            system_prompt=self._session_system_prompt(),
+            tools=self._tool_schemas,
+            threshold=threshold,
+        ):
+            self._compress(turn, reason=reason)
 
     def _recover_from_overflow(self, turn: TurnState, error: ProviderError) -> bool:
-        """Compress the history so the retry fits; False when that is not possible (the turn fails)."""
+        """Compress so the retry fits; False when that is not possible (the turn fails)."""
         if self._context_engine is None or turn.overflow_retried:
             return False
         turn.overflow_retried = True
-        changed = self._context_engine.compress(turn.history, reason="overflow")
-        if changed:
-            self.callbacks.emit(
-                "status_callback", "compressed", f"context overflow ({error}); compressed, retrying"
-            )
-        return changed
+        return self._compress(turn, reason="overflow") is not None
+
+    def _compress(self, turn: TurnState | None, *, reason: str) -> str | None:
+        engine = self._context_engine
+        if engine is None:
+            return None
+        result = engine.compress(
+            self._history.messages,
+            system_prompt=self._session_system_prompt(),
+            tools=self._tool_schemas,
+            reason=reason,
+        )
+        if result is None:
+            return None
+        problems = repair_history(result.messages)[1]
+        if problems:  # an engine's bug must never reach the history
+            self.callbacks.emit("status_callback", "compression_failed", "; ".join(problems))
+            return None
+        parent = self.session_id
+        child = new_session_id()
+        engine.on_session_end(parent)
+        self.store.end_session(parent, "compressed")
+        title = (self.store.get_session(parent) or {}).get("title")
+        self.store.create_session(child, parent_id=parent, title=title, **self._session_meta())
+        sink = SessionSink(self.store, child, self._session_meta)
+        sink.replace_messages(result.messages)
+        self.session_id = child
+        self._sink = sink
+        self._history = History(result.messages, sink=sink)
+        if turn is not None:
+            turn.history = self._history
+        report = f"{result.describe()}; continuing in session {child} ({reason})"
+        self.store.record_event(child, "compressed", report)
+        engine.on_session_start(child)
+        self.callbacks.emit("status_callback", "compressed", report)
+        return report

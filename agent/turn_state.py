@@ -27,6 +27,7 @@ class TurnState:
     tool_failures: dict[str, int] = field(default_factory=dict)
     overflow_retried: bool = False
     empty_replies: int = 0
+    request_estimate: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -204,9 +204,10 @@ def main() -> None:
             show(f"per-iteration overhead, {length} messages", ours, bare)
             show(f"  bare openai SDK loop, {length} messages", bare)
         bench_parallel_tools(server, home)
-    from bench import sessions
+    from bench import context, sessions
 
     sessions.main()
+    context.main()
 
 
 if __name__ == "__main__":

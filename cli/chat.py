@@ -145,6 +145,10 @@ def _repl(agent: AIAgent, progress: Progress) -> int:
             continue
         if text in ("/exit", "/quit"):
             return EXIT_OK
+        if text == "/compress":
+            report = agent.compress()
+            sys.stderr.write(f"  · {report['report']}\n")
+            continue
         progress.reset()
         result = agent.run_conversation(text)
         progress.end_answer()

@@ -79,6 +79,20 @@ class ToolsSection(_Section):
     deny: list[str] = []
 
 
+class CompressionSection(_Section):
+    enabled: bool = True
+    engine: str = "default"
+    threshold: float = Field(default=0.5, gt=0, le=1)
+    gateway_threshold: float = Field(default=0.85, gt=0, le=1)
+    protect_last_n: int = Field(default=20, ge=2)
+
+
+class AuxiliaryTask(_Section):
+    provider: str | None = None
+    model: str | None = None
+    fallback: list[FallbackSettings] = []
+
+
 class AgentSettings(_Section):
     """The resolved configuration of one agent. Frozen: nothing changes it after start-up."""
 
@@ -88,6 +102,8 @@ class AgentSettings(_Section):
     tools: ToolsSection = ToolsSection()
     approvals: ApprovalsSection = ApprovalsSection()
     hooks: HooksSection = HooksSection()
+    compression: CompressionSection = CompressionSection()
+    auxiliary: dict[str, AuxiliaryTask] = {}
     fallback_providers: list[FallbackSettings] = []
 
 

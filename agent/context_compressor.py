@@ -1,0 +1,145 @@
+"""The default context engine: prune old tool outputs, then summarize the middle of the conversation.
+
+What is kept intact: the first user message (the task) and the newest `compression.protect_last_n`
+messages (the boundary moves back so a tool call is never cut from its results). What goes: first the
+bulk of old tool outputs; if that is not enough, the middle is summarized by the auxiliary model with a
+structured prompt. If summarizing fails, a deterministic summary says plainly that details were dropped.
+The result always obeys the message rules.
+"""
+
+from __future__ import annotations
+
+from agent.adapters.base import ToolSchema
+from agent.context_engine import CompressionResult, ContextEngine
+from agent.messages import Message, assistant_message, user_message
+
+_PRUNE_ABOVE = 600  # characters: tool outputs longer than this are pruned first
+_RESULT_IN_PROMPT = 1500
+_PROMPT_LIMIT = 120_000
+_TARGET_SHARE = 0.6  # after compressing, aim for this share of the threshold
+
+SUMMARY_SYSTEM = (
+    "You compress the middle of a conversation between a user and a software agent so the agent can go "
+    "on working without it. Be factual and specific: keep file paths, names, commands, numbers and "
+    "decisions. Do not invent anything."
+)
+SUMMARY_PROMPT = """Summarize the conversation excerpt below under these headings:
+
+## Goal
+## Decisions made
+## Files touched
+## Current state
+## Pending work
+
+Excerpt ({count} messages):
+
+{excerpt}"""
+
+_SUMMARY_HEADER = "[Summary of {count} earlier messages, compressed to fit the context window]\n\n"
+_AFTER_SUMMARY = "[The conversation continues after the summary above.]"
+
+
+def render_excerpt(messages: list[Message]) -> str:
+    lines: list[str] = []
+    for message in messages:
+        role = message["role"]
+        if role == "tool":
+            text = str(message.get("content") or "")
+            if len(text) > _RESULT_IN_PROMPT:
+                text = text[:_RESULT_IN_PROMPT] + f" […{len(text) - _RESULT_IN_PROMPT} more characters]"
+            lines.append(f"TOOL RESULT ({message.get('name') or message.get('tool_call_id')}): {text}")
+            continue
+        if message.get("content"):
+            lines.append(f"{role.upper()}: {message['content']}")
+        for call in message.get("tool_calls") or ():
+            lines.append(f"ASSISTANT CALLED {call['function']['name']}({call['function'].get('arguments')})")
+    excerpt = "\n\n".join(lines)
+    if len(excerpt) > _PROMPT_LIMIT:
+        half = _PROMPT_LIMIT // 2
+        left_out = len(excerpt) - _PROMPT_LIMIT
+        excerpt = f"{excerpt[:half]}\n\n[… {left_out} characters left out …]\n\n{excerpt[-half:]}"
+    return excerpt
+
+
+def fallback_summary(messages: list[Message]) -> str:
+    """A summary made without a model: what was asked and which tools ran. It says what was lost."""
+    asks = [
+        str(m.get("content") or "").strip().splitlines()[0][:160]
+        for m in messages
+        if m["role"] == "user" and str(m.get("content") or "").strip()
+    ]
+    tools = sorted({call["function"]["name"] for m in messages for call in m.get("tool_calls") or ()})
+    parts = ["The summarizer was not available, so the details of these messages were dropped."]
+    if asks:
+        parts.append("The user asked: " + " | ".join(asks[-10:]))
+    if tools:
+        parts.append("Tools used: " + ", ".join(tools))
+    return "\n".join(parts)
+
+
+class ContextCompressor(ContextEngine):
+    """Prune, then summarize; never break a history."""
+
+    def should_compress(
+        self, messages: list[Message], *, system_prompt: str, tools: list[ToolSchema], threshold: float
+    ) -> bool:
+        return self.estimator.estimate(messages, system_prompt, tools) > threshold * self.window
+
+    def _tail_start(self, messages: list[Message]) -> int:
+        start = max(1, len(messages) - self.settings.compression.protect_last_n)
+        while start > 1 and messages[start]["role"] == "tool":
+            start -= 1
+        return start
+
+    def compress(
+        self, messages: list[Message], *, system_prompt: str, tools: list[ToolSchema], reason: str
+    ) -> CompressionResult | None:
+        before = self.estimator.estimate(messages, system_prompt, tools)
+        target = self.settings.compression.threshold * self.window * _TARGET_SHARE
+        tail = self._tail_start(messages)
+        if tail <= 1:
+            return None
+        pruned, count = self._prune(messages, tail)
+        after = self.estimator.estimate(pruned, system_prompt, tools)
+        # On request, or after the provider said the request was too long, pruning alone is not trusted.
+        if after <= target and reason not in ("manual", "overflow"):
+            return CompressionResult(pruned, before, after, summarized=0, pruned=count)
+        middle = pruned[1:tail]
+        failed = False
+        try:
+            summary = self.summarize(
+                SUMMARY_SYSTEM, SUMMARY_PROMPT.format(count=len(middle), excerpt=render_excerpt(middle))
+            )
+        except Exception:  # the summarizer is a side task: its failure must not break the history
+            summary, failed = fallback_summary(middle), True
+        compressed = [
+            messages[0],
+            assistant_message(_SUMMARY_HEADER.format(count=len(middle)) + summary.strip()),
+        ]
+        if messages[tail]["role"] == "assistant":
+            compressed.append(user_message(_AFTER_SUMMARY))
+        compressed.extend(messages[tail:])
+        after = self.estimator.estimate(compressed, system_prompt, tools)
+        return CompressionResult(
+            compressed, before, after, summarized=len(middle), pruned=0, summary_failed=failed
+        )
+
+    @staticmethod
+    def _prune(messages: list[Message], tail: int) -> tuple[list[Message], int]:
+        pruned: list[Message] = []
+        count = 0
+        for index, message in enumerate(messages):
+            content = message.get("content")
+            if (
+                index < tail
+                and message["role"] == "tool"
+                and isinstance(content, str)
+                and len(content) > _PRUNE_ABOVE
+            ):
+                message = {
+                    **message,
+                    "content": f"{content[:200]}\n[… older tool output pruned: {len(content)} characters]",
+                }
+                count += 1
+            pruned.append(message)
+        return pruned, count
