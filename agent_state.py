@@ -127,6 +127,19 @@ def _create_session_events(db: sqlite3.Connection) -> None:
     db.execute("CREATE INDEX session_events_session ON session_events(session_id)")
 
 
+@migration
+def _create_todos(db: sqlite3.Connection) -> None:
+    db.execute(
+        """CREATE TABLE todos (
+            session_id TEXT NOT NULL,
+            position INTEGER NOT NULL,
+            text TEXT NOT NULL,
+            status TEXT NOT NULL,
+            PRIMARY KEY (session_id, position)
+        )"""
+    )
+
+
 def _row_to_message(row: sqlite3.Row) -> Message:
     message: Message = {"role": row["role"], "content": row["content"]}
     if row["tool_calls"]:
@@ -366,6 +379,20 @@ class SessionStore:
         )
         return [dict(r) for r in rows]
 
+    def get_todos(self, session_id: str) -> list[dict[str, Any]]:
+        rows = self._query(
+            "SELECT text, status FROM todos WHERE session_id = ? ORDER BY position", (session_id,)
+        )
+        return [{"id": i + 1, "text": r["text"], "status": r["status"]} for i, r in enumerate(rows)]
+
+    def save_todos(self, session_id: str, items: list[dict[str, Any]]) -> None:
+        with self._transaction() as db:
+            db.execute("DELETE FROM todos WHERE session_id = ?", (session_id,))
+            db.executemany(
+                "INSERT INTO todos (session_id, position, text, status) VALUES (?, ?, ?, ?)",
+                [(session_id, i, mask_secrets(t["text"]), t["status"]) for i, t in enumerate(items)],
+            )
+
     def descendants(self, session_id: str) -> list[str]:
         rows = self._query(
             "WITH RECURSIVE tree(id) AS (SELECT ? UNION"
@@ -381,6 +408,7 @@ class SessionStore:
             for sid in reversed(ids):
                 db.execute("DELETE FROM messages WHERE session_id = ?", (sid,))
                 db.execute("DELETE FROM session_events WHERE session_id = ?", (sid,))
+                db.execute("DELETE FROM todos WHERE session_id = ?", (sid,))
                 db.execute("DELETE FROM sessions WHERE id = ?", (sid,))
         return ids
 

@@ -47,6 +47,7 @@ class AIAgent(
         fallback_providers: `[{"provider": ..., "model": ...}]` to fail over to, in order.
         source: who started the session ("cli", "python", "subagent", ...), shown in `mibyan sessions`.
         yolo: run dangerous commands without asking (hardline ones never run).
+        denied_tools: tools this agent may not use, on top of `tools.deny`.
         **callbacks: the callbacks of `agent.callbacks.Callbacks`, by name.
 
     Raises:
@@ -68,6 +69,7 @@ class AIAgent(
         fallback_providers: list[dict[str, Any]] | None = None,
         source: str = "python",
         yolo: bool = False,
+        denied_tools: list[str] | None = None,
         **callbacks: Any,
     ) -> None:
         init_agent(
@@ -85,6 +87,7 @@ class AIAgent(
             fallback_providers=fallback_providers,
             source=source,
             yolo=yolo,
+            denied_tools=denied_tools,
             callbacks=callbacks,
         )
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -219,6 +220,7 @@ def init_agent(
     fallback_providers: list[dict[str, Any]] | None,
     source: str,
     yolo: bool,
+    denied_tools: list[str] | None,
     callbacks: dict[str, Any],
 ) -> None:
     """Wire a new AIAgent: settings, provider runtime, adapter, tools, callbacks and session."""
@@ -270,8 +272,14 @@ def init_agent(
         save_always=lambda key: remember_approval(home_path, key),
     )
     agent._tool_schemas = get_tool_definitions(
-        settings.tools.toolsets, allow=settings.tools.allow, deny=settings.tools.deny
+        settings.tools.toolsets,
+        allow=settings.tools.allow,
+        deny=[*settings.tools.deny, *(denied_tools or [])],
     )
+    agent.delegation_depth = 0
+    agent.parent_session_id = None
+    agent._children = set()
+    agent._children_lock = threading.Lock()
     agent._system_prompt = None
     open_session(agent, session_id, source=source)
 
@@ -330,6 +338,7 @@ def open_session(agent: Any, session_id: str | None, *, source: str) -> None:
     def meta() -> dict[str, Any]:
         runtime = agent.runtime  # read at call time: after a failover it is the fallback
         return {
+            "parent_id": agent.parent_session_id,
             "source": source,
             "model": runtime.model,
             "provider": runtime.provider,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import uuid
 from collections.abc import Callable
 from typing import Any, assert_never
@@ -51,6 +52,10 @@ class ConversationLoopMixin:
     _check_empty_reply: Callable[[TurnState, NormalizedResponse], NormalizedResponse | Continue | Failed]
     _execute_tool_calls: Callable[[TurnState, list[dict[str, Any]]], Continue | Interrupted]
     _sink: MessageSink | None
+    _children: set[ConversationLoopMixin]
+    _children_lock: threading.Lock
+    delegation_depth: int
+    parent_session_id: str | None
     _tool_schemas: list[ToolSchema]
     _restore_primary: Callable[[], None]
     _compress_if_needed: Callable[[TurnState | None, float, str], None]
@@ -58,8 +63,23 @@ class ConversationLoopMixin:
     store: SessionStore
 
     def interrupt(self) -> None:
-        """Stop the running turn as soon as possible. Safe to call from any thread."""
+        """Stop the running turn (and any subagents it started) as soon as possible. Safe from any thread."""
         self._signal.set()
+        with self._children_lock:
+            children = list(self._children)
+        for child in children:
+            child.interrupt()
+
+    def adopt_child(self, child: ConversationLoopMixin) -> None:
+        """Register a subagent, so that interrupting this agent interrupts it too."""
+        with self._children_lock:
+            self._children.add(child)
+        if self._signal.is_set():
+            child.interrupt()
+
+    def release_child(self, child: ConversationLoopMixin) -> None:
+        with self._children_lock:
+            self._children.discard(child)
 
     def run_conversation(
         self,

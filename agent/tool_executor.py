@@ -20,6 +20,7 @@ from concurrent.futures import wait as wait_for_futures
 from dataclasses import dataclass
 from typing import Any
 
+from agent.adapters.base import Usage
 from agent.callbacks import Callbacks
 from agent.errors import ToolError
 from agent.hooks import Hooks
@@ -33,6 +34,7 @@ from tools import context
 from tools.approval import ApprovalPolicy
 from tools.registry import ToolSpec, get_tool
 from tools.session_tools import search_sessions
+from tools.todo import apply_todo
 
 _PREVIEW_CHARS = 200
 #: After an interrupt, how long running tools get to stop (kill their processes) before the turn returns.
@@ -89,9 +91,27 @@ class ToolExecutorMixin:
     # -- agent-level tools: they read or change the agent's own state ---------------------------------
 
     def _agent_level_tool(self, name: str) -> Any:
-        return {"session_search": self._session_search, "clarify": self._clarify}.get(name)
+        handlers = {
+            "session_search": self._session_search,
+            "clarify": self._clarify,
+            "todo": self._todo,
+            "delegate_task": self._delegate,
+        }
+        return handlers.get(name)
 
-    def _session_search(self, args: dict[str, Any]) -> str:
+    def _todo(self, args: dict[str, Any], turn: TurnState) -> str:
+        return apply_todo(self.store, self.session_id, args)
+
+    def _delegate(self, args: dict[str, Any], turn: TurnState) -> str:
+        from tools.delegation import run_delegation
+
+        def add_usage(usage: dict[str, int]) -> None:
+            with turn.lock:
+                turn.usage.add(Usage(**{k: v for k, v in usage.items() if k != "total_tokens"}))
+
+        return run_delegation(self, args, add_usage)  # type: ignore[arg-type]
+
+    def _session_search(self, args: dict[str, Any], turn: TurnState) -> str:
         return search_sessions(
             self.store,
             query=str(args["query"]),
@@ -102,7 +122,7 @@ class ToolExecutorMixin:
             limit=int(args.get("limit", 10)),
         )
 
-    def _clarify(self, args: dict[str, Any]) -> str:
+    def _clarify(self, args: dict[str, Any], turn: TurnState) -> str:
         if self.callbacks.clarify_callback is None:
             return _NO_USER
         answer = self.callbacks.emit("clarify_callback", str(args["question"]), args.get("choices"))
@@ -137,10 +157,10 @@ class ToolExecutorMixin:
             plan.timeout = max(plan.timeout, float(plan.args["timeout"]) + 10)
         return plan
 
-    def _run_plan(self, plan: PlannedCall, task_id: str) -> tuple[str, bool]:
+    def _run_plan(self, plan: PlannedCall, turn: TurnState) -> tuple[str, bool]:
         """Hooks → approval → handler → hooks for one resolved call. Runs on a worker thread."""
         assert plan.spec is not None and plan.args is not None
-        spec, args = plan.spec, plan.args
+        spec, args, task_id = plan.spec, plan.args, turn.task_id
         token = context.bind(context.ToolContext(task_id=task_id, signal=self._signal))
         try:
             reason = self.hooks.before_tool(plan.name, args, task_id)
@@ -153,7 +173,7 @@ class ToolExecutorMixin:
                     self.callbacks.emit("status_callback", "denied", f"{plan.name}: {why}")
                     return why, False
             handler = self._agent_level_tool(plan.name)
-            result = handler(args) if handler is not None else run_tool(spec, args, task_id)
+            result = handler(args, turn) if handler is not None else run_tool(spec, args, task_id)
             result = self.hooks.after_tool(plan.name, args, result, task_id)
             return cap_result(result, spec.max_result_chars), True
         except ToolError as exc:
@@ -161,10 +181,10 @@ class ToolExecutorMixin:
         finally:
             context.unbind(token)
 
-    def _run_with_progress(self, plan: PlannedCall, task_id: str) -> tuple[str, bool]:
+    def _run_with_progress(self, plan: PlannedCall, turn: TurnState) -> tuple[str, bool]:
         started = time.monotonic()
         self.callbacks.emit("tool_progress_callback", "start", plan.name, {"arguments": plan.raw_args})
-        result, ok = (plan.error, False) if plan.error is not None else self._run_plan(plan, task_id)
+        result, ok = (plan.error, False) if plan.error is not None else self._run_plan(plan, turn)
         self.callbacks.emit(
             "tool_progress_callback",
             "end",
@@ -223,7 +243,7 @@ class ToolExecutorMixin:
                 return self._stop_tools(turn, plans, results, running, appended)
             for index in list(pending):
                 if len(running) < limit and self._can_start(index, plans, set(results), set(running)):
-                    future = self._pool().submit(self._run_with_progress, plans[index], turn.task_id)
+                    future = self._pool().submit(self._run_with_progress, plans[index], turn)
                     future.add_done_callback(lambda _f: self._signal.notify())
                     running[index] = (future, time.monotonic() + plans[index].timeout)
                     pending.remove(index)

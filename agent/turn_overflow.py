@@ -81,7 +81,8 @@ class OverflowMixin:
         engine.on_session_end(parent)
         self.store.end_session(parent, "compressed")
         title = (self.store.get_session(parent) or {}).get("title")
-        self.store.create_session(child, parent_id=parent, title=title, **self._session_meta())
+        self.store.create_session(child, **{**self._session_meta(), "parent_id": parent, "title": title})
+        self.store.save_todos(child, self.store.get_todos(parent))
         sink = SessionSink(self.store, child, self._session_meta)
         sink.replace_messages(result.messages)
         self.session_id = child

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -28,6 +29,7 @@ class TurnState:
     overflow_retried: bool = False
     empty_replies: int = 0
     request_estimate: float = 0.0
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 @dataclass(frozen=True)

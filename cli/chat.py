@@ -145,6 +145,11 @@ def _repl(agent: AIAgent, progress: Progress) -> int:
             continue
         if text in ("/exit", "/quit"):
             return EXIT_OK
+        if text == "/todo":
+            from tools.todo import render_todos
+
+            sys.stderr.write(render_todos(agent.store.get_todos(agent.session_id)) + "\n")
+            continue
         if text == "/compress":
             report = agent.compress()
             sys.stderr.write(f"  · {report['report']}\n")

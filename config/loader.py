@@ -87,6 +87,15 @@ class CompressionSection(_Section):
     protect_last_n: int = Field(default=20, ge=2)
 
 
+class DelegationSection(_Section):
+    max_iterations: int = Field(default=50, gt=0)
+    max_concurrent: int = Field(default=3, gt=0, le=16)
+    max_depth: int = Field(default=1, ge=1)
+    timeout: float = Field(default=600, gt=0)
+    summary_chars: int = Field(default=4000, gt=100)
+    allow_tools: list[str] = []
+
+
 class AuxiliaryTask(_Section):
     provider: str | None = None
     model: str | None = None
@@ -103,6 +112,7 @@ class AgentSettings(_Section):
     approvals: ApprovalsSection = ApprovalsSection()
     hooks: HooksSection = HooksSection()
     compression: CompressionSection = CompressionSection()
+    delegation: DelegationSection = DelegationSection()
     auxiliary: dict[str, AuxiliaryTask] = {}
     fallback_providers: list[FallbackSettings] = []
 

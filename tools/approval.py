@@ -370,6 +370,10 @@ class ApprovalPolicy:
             return False, f"denied by user: the command was not run ({verdict.reason})"
         return True, f"approved by user ({answer})"
 
+    def answer_from_session(self, command: str, reason: str) -> Answer:
+        """An approval callback for subagents: yes for what this user approved for the session, else no."""
+        return "once" if classify_command(command).key in self._approved else "deny"
+
     def _ask_user(self, command: str, reason: str) -> Answer:
         if self._ask is None:
             return "deny"
