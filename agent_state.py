@@ -140,6 +140,21 @@ def _create_todos(db: sqlite3.Connection) -> None:
     )
 
 
+@migration
+def _create_facts(db: sqlite3.Connection) -> None:
+    for statement in (
+        "CREATE TABLE facts (id INTEGER PRIMARY KEY, text TEXT NOT NULL, created_at REAL NOT NULL)",
+        "CREATE VIRTUAL TABLE facts_fts USING fts5(text, content='facts', content_rowid='id')",
+        """CREATE TRIGGER facts_ai AFTER INSERT ON facts BEGIN
+            INSERT INTO facts_fts(rowid, text) VALUES (new.id, new.text);
+        END""",
+        """CREATE TRIGGER facts_ad AFTER DELETE ON facts BEGIN
+            INSERT INTO facts_fts(facts_fts, rowid, text) VALUES ('delete', old.id, old.text);
+        END""",
+    ):
+        db.execute(statement)
+
+
 def _row_to_message(row: sqlite3.Row) -> Message:
     message: Message = {"role": row["role"], "content": row["content"]}
     if row["tool_calls"]:
@@ -378,6 +393,26 @@ class SessionStore:
             (session_id,),
         )
         return [dict(r) for r in rows]
+
+    def add_fact(self, text: str) -> int:
+        with self._transaction() as db:
+            cursor = db.execute(
+                "INSERT INTO facts (text, created_at) VALUES (?, ?)", (mask_secrets(text), time.time())
+            )
+            return int(cursor.lastrowid or 0)
+
+    def relevant_facts(self, text: str, limit: int = 5) -> list[str]:
+        """Facts sharing words with `text`, most relevant first (bm25)."""
+        words = [w for w in re.findall(r"\w+", text.lower()) if len(w) > 2][:40]
+        if not words:
+            return []
+        query = " OR ".join(f'"{w}"' for w in words)
+        rows = self._query(
+            "SELECT f.text FROM facts_fts JOIN facts f ON f.id = facts_fts.rowid"
+            " WHERE facts_fts MATCH ? ORDER BY bm25(facts_fts) LIMIT ?",
+            (query, limit),
+        )
+        return [str(r["text"]) for r in rows]
 
     def get_todos(self, session_id: str) -> list[dict[str, Any]]:
         rows = self._query(

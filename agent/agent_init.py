@@ -281,6 +281,7 @@ def init_agent(
     agent._children = set()
     agent._children_lock = threading.Lock()
     agent._system_prompt = None
+    agent._custom_prompt = False
     open_session(agent, session_id, source=source)
 
 

@@ -43,7 +43,9 @@ class ConversationLoopMixin:
     _history: History
     _budget: IterationBudget
     _system_prompt: str | None
+    _custom_prompt: bool
     _session_system_prompt: Callable[[], str]
+    _message_layers: Callable[[str], list[str]]
     _prepare_iteration: Callable[[TurnState], PreparedRequest | Interrupted | BudgetExhausted]
     _call_with_retries: Callable[[TurnState, PreparedRequest], NormalizedResponse | Interrupted | Failed]
     _handle_truncation: Callable[
@@ -109,6 +111,7 @@ class ConversationLoopMixin:
         messages = list(messages)
         if messages and messages[0].get("role") == "system":
             self._system_prompt = str(messages[0].get("content") or "")
+            self._custom_prompt = True
             messages = messages[1:]
         self._history = History(messages, sink=self._sink)
         if self._sink is not None:
@@ -127,6 +130,7 @@ class ConversationLoopMixin:
             self._adopt_history(conversation_history)
         if system_message is not None:
             self._system_prompt = system_message
+            self._custom_prompt = True
         for note in self._history.start_turn(user_message):
             self.callbacks.emit("status_callback", "repaired", note)
         self._budget = IterationBudget(self.settings.agent.max_turns)
@@ -134,6 +138,7 @@ class ConversationLoopMixin:
             task_id=task_id or f"task_{uuid.uuid4().hex[:12]}",
             history=self._history,
             system_prompt=self._session_system_prompt(),
+            message_layers=self._message_layers(user_message),
         )
 
     def _loop(self, turn: TurnState) -> NextStep:

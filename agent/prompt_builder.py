@@ -1,4 +1,12 @@
-"""Turn step 3: the system prompt, assembled once per session and reused so prompt caches hit."""
+"""Turn step 3: the system prompt, assembled once per session and reused so prompt caches hit.
+
+The parts, in a fixed order: the persona ($MIBYAN_HOME/SOUL.md, else the built-in one), tool-use
+guidance, the project's context file (the first .mibyan.md, AGENTS.md or CLAUDE.md from the working
+directory up to the git root), the memory snapshot (MEMORY.md, USER.md) as it was when the session
+started, the list of skills, and environment facts (the date but not the time, so the prompt stays
+byte-identical all day). What varies per message (matched skills, relevant facts) is sent as an
+ephemeral layer instead, so the cached prefix does not move.
+"""
 
 from __future__ import annotations
 
@@ -6,28 +14,86 @@ import platform
 from datetime import date
 from pathlib import Path
 
+from agent.memory import MemoryStore
+from agent.skills import Skill, discover_skills, match_skills, skills_index
+from agent_state import SessionStore
+
 DEFAULT_PERSONA = """You are mibyan, a capable software engineering agent working in the user's terminal.
 You help by reading and changing files and running tools. Be direct and accurate; say what you did."""
 
 TOOL_GUIDANCE = """When a task needs information you do not have, use a tool rather than guessing.
 Several independent tool calls may be made in one reply; they run concurrently.
+Save what will matter in later sessions with the memory tool: your notes, or what you learn about the user.
 When you are done, answer in plain text without calling a tool."""
+
+CONTEXT_FILES = (".mibyan.md", "AGENTS.md", "CLAUDE.md")
+_CONTEXT_CAP = 12_000
+_FACTS_CAP = 800
+
+
+def find_project_context(cwd: Path) -> Path | None:
+    """The first context file from `cwd` up to the git root (or the filesystem root)."""
+    for folder in (cwd, *cwd.parents):
+        for name in CONTEXT_FILES:
+            candidate = folder / name
+            if candidate.is_file():
+                return candidate
+        if (folder / ".git").exists():
+            return None
+    return None
+
+
+def capped(text: str, limit: int) -> str:
+    if len(text) <= limit:
+        return text
+    head = limit * 2 // 3
+    note = f"[… {len(text) - limit} characters of this file left out …]"
+    return f"{text[:head]}\n\n{note}\n\n{text[-(limit - head) :]}"
 
 
 class PromptBuilderMixin:
-    """Builds the system prompt; the result is cached for the whole session."""
+    """Builds the system prompt once per session, and the per-message context layers."""
 
     _system_prompt: str | None
+    home: Path
+    store: SessionStore
 
     def _session_system_prompt(self) -> str:
         if self._system_prompt is None:
             self._system_prompt = self._build_system_prompt()
         return self._system_prompt
 
+    def _skills(self) -> list[Skill]:
+        return discover_skills(self.home, Path.cwd())
+
     def _build_system_prompt(self) -> str:
-        # Today's date but not the time, so the prompt (and the provider's cache of it) is stable all day.
-        facts = (
-            f"Working directory: {Path.cwd()}\nOperating system: {platform.system()} {platform.release()}\n"
+        cwd = Path.cwd()
+        soul = self.home / "SOUL.md"
+        parts = [
+            soul.read_text(encoding="utf-8").strip() if soul.is_file() else DEFAULT_PERSONA,
+            TOOL_GUIDANCE,
+        ]
+        context_file = find_project_context(cwd)
+        if context_file is not None:
+            text = capped(context_file.read_text(encoding="utf-8", errors="replace").strip(), _CONTEXT_CAP)
+            parts.append(f"# Project context ({context_file.name})\n\n{text}")
+        memory = MemoryStore(self.home).snapshot()
+        if memory:
+            parts.append(f"# Memory from earlier sessions\n\n{memory}")
+        skills = self._skills()
+        if skills:
+            parts.append("# Skills (read one with skill_view)\n\n" + skills_index(skills))
+        parts.append(
+            f"Working directory: {cwd}\nOperating system: {platform.system()} {platform.release()}\n"
             f"Today's date: {date.today().isoformat()}"
         )
-        return "\n\n".join([DEFAULT_PERSONA, TOOL_GUIDANCE, facts])
+        return "\n\n".join(parts)
+
+    def _message_layers(self, message: str) -> list[str]:
+        """Skills whose triggers the message names, and stored facts relevant to it."""
+        layers = [f"[Skill: {s.name}]\n{s.body}" for s in match_skills(self._skills(), message)]
+        facts = self.store.relevant_facts(message)
+        if facts:
+            text = capped("\n".join(f"- {fact}" for fact in facts), _FACTS_CAP)
+            layers.append(f"[Facts you stored that may be relevant]\n{text}")
+        return layers

@@ -18,6 +18,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_for_futures
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from agent.adapters.base import Usage
@@ -32,6 +33,7 @@ from config.loader import AgentSettings
 from model_tools import check_arguments, parse_arguments, run_tool
 from tools import context
 from tools.approval import ApprovalPolicy
+from tools.memory_tools import apply_memory, list_skills, view_skill
 from tools.registry import ToolSpec, get_tool
 from tools.session_tools import search_sessions
 from tools.todo import apply_todo
@@ -79,6 +81,7 @@ class ToolExecutorMixin:
     approvals: ApprovalPolicy
     store: SessionStore
     session_id: str
+    home: Path
     _signal: InterruptSignal
     _tool_pool: ThreadPoolExecutor | None
 
@@ -96,8 +99,20 @@ class ToolExecutorMixin:
             "clarify": self._clarify,
             "todo": self._todo,
             "delegate_task": self._delegate,
+            "memory": self._memory,
+            "skills_list": self._skills_list,
+            "skill_view": self._skill_view,
         }
         return handlers.get(name)
+
+    def _memory(self, args: dict[str, Any], turn: TurnState) -> str:
+        return apply_memory(self.home, self.store, args)
+
+    def _skills_list(self, args: dict[str, Any], turn: TurnState) -> str:
+        return list_skills(self.home)
+
+    def _skill_view(self, args: dict[str, Any], turn: TurnState) -> str:
+        return view_skill(self.home, str(args["name"]))
 
     def _todo(self, args: dict[str, Any], turn: TurnState) -> str:
         return apply_todo(self.store, self.session_id, args)

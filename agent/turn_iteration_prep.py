@@ -46,7 +46,7 @@ class IterationPrepMixin:
 
     def _ephemeral_layers(self, turn: TurnState) -> list[str]:
         """Notes sent with this request only, never stored: budget warnings and context pressure."""
-        layers = self._budget_layers()
+        layers = [*turn.message_layers, *self._budget_layers()]
         share = (
             self._estimator.estimate(turn.history.messages, turn.system_prompt, self._tool_schemas)
             / self._window

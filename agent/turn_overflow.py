@@ -33,6 +33,8 @@ class OverflowMixin:
     _tool_schemas: list[ToolSchema]
     _session_system_prompt: Callable[[], str]
     _session_meta: Callable[[], dict[str, Any]]
+    _system_prompt: str | None
+    _custom_prompt: bool
 
     def compress(self) -> dict[str, Any]:
         """Compress the conversation now (the REPL's /compress). Returns what was done."""
@@ -77,6 +79,8 @@ class OverflowMixin:
             self.callbacks.emit("status_callback", "compression_failed", "; ".join(problems))
             return None
         parent = self.session_id
+        if not self._custom_prompt:
+            self._system_prompt = None  # rebuilt for the child: memory written meanwhile gets in
         child = new_session_id()
         engine.on_session_end(parent)
         self.store.end_session(parent, "compressed")

@@ -29,6 +29,7 @@ class TurnState:
     overflow_retried: bool = False
     empty_replies: int = 0
     request_estimate: float = 0.0
+    message_layers: list[str] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 

@@ -113,6 +113,11 @@ def build_parser() -> argparse.ArgumentParser:
     rename = actions.add_parser("rename", help="give a session a title")
     rename.add_argument("id")
     rename.add_argument("title", nargs="+")
+    skills = commands.add_parser("skills", help="the skills installed for you and this project")
+    skill_actions = skills.add_subparsers(
+        dest="action", metavar="ACTION", parser_class=_Parser, required=True
+    )
+    skill_actions.add_parser("list", help="name, description and trigger words of each skill")
     return parser
 
 
@@ -128,6 +133,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from cli.chat import run_chat
 
             return run_chat(args)
+        if args.command == "skills":
+            from cli.sessions import run_skills
+
+            return run_skills(args)
         if args.command == "sessions":
             from cli.sessions import run_sessions
 

@@ -135,3 +135,21 @@ def run_sessions(args: argparse.Namespace) -> int:
     except MibyanError as exc:
         sys.stderr.write(f"mibyan: {exc}\n")
         return EXIT_USAGE
+
+
+def run_skills(args: argparse.Namespace) -> int:
+    """`mibyan skills list`."""
+    from pathlib import Path
+
+    from agent.skills import discover_skills
+
+    skills = discover_skills(mibyan_home(), Path.cwd())
+    if not skills:
+        print(
+            f"no skills yet: add a folder with a SKILL.md to {mibyan_home() / 'skills'} or ./.mibyan/skills"
+        )
+        return EXIT_OK
+    for skill in skills:
+        triggers = f"  (triggers: {', '.join(skill.triggers)})" if skill.triggers else ""
+        print(f"{skill.name}: {skill.description}{triggers}")
+    return EXIT_OK

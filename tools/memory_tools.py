@@ -1,0 +1,80 @@
+"""memory, skills_list and skill_view: agent-level tools over the mibyan home."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from agent.errors import ToolError
+from agent.memory import MemoryStore
+from agent.skills import discover_skills, skills_index
+from agent_state import SessionStore, mask_secrets
+from tools.registry import tool
+
+
+def apply_memory(home: Path, store: SessionStore, args: dict[str, Any]) -> str:
+    action = str(args.get("action") or "")
+    target = str(args.get("target") or "memory")
+    content = str(args.get("content") or "")
+    if action == "read":
+        return MemoryStore(home).read(target) or f"({target} is empty)"
+    if action == "remember":
+        if not content.strip():
+            raise ToolError("remember needs content: the fact to keep")
+        if mask_secrets(content) != content:
+            raise ToolError("that looks like a secret (a key or token); secrets are never stored")
+        store.add_fact(content.strip())
+        return "fact stored; it will be offered again when a message mentions its words"
+    if action == "recall":
+        facts = store.relevant_facts(str(args.get("query") or content))
+        return "\n".join(f"- {f}" for f in facts) or "no stored fact matches"
+    return MemoryStore(home).change(target, action, content=content, old=str(args.get("old") or ""))
+
+
+def view_skill(home: Path, name: str) -> str:
+    for skill in discover_skills(home, Path.cwd()):
+        if skill.name == name:
+            return skill.body
+    raise ToolError(f"no skill named {name!r}; skills_list shows them")
+
+
+def list_skills(home: Path) -> str:
+    return skills_index(discover_skills(home, Path.cwd())) or "no skills installed"
+
+
+@tool(toolset="core")
+def memory(
+    action: str,
+    target: str = "memory",
+    content: str | None = None,
+    old: str | None = None,
+    query: str | None = None,
+) -> str:
+    """Keep what matters across sessions. Two small files go into every future session's prompt:
+    "memory" (your notes: conventions, decisions, where things are) and "user" (the user's preferences).
+    Facts beyond them are stored with "remember" and come back when a message mentions their words.
+
+    Args:
+        action: add, replace, remove or read (for target), remember (store a fact), recall (search facts).
+        target: "memory" (MEMORY.md, 2,200 characters) or "user" (USER.md, 1,375 characters).
+        content: the text to add, the replacement text, or the fact to remember.
+        old: for replace and remove, a unique part of the text to change.
+        query: for recall, what to look for.
+    """
+    raise ToolError("memory runs inside an agent session")
+
+
+@tool(toolset="core")
+def skills_list() -> str:
+    """List the skills installed for this user and project (name: description)."""
+    raise ToolError("skills_list runs inside an agent session")
+
+
+@tool(toolset="core")
+def skill_view(name: str) -> str:
+    """Read a skill's full instructions.
+
+    Args:
+        name: the skill's name, as skills_list shows it.
+    """
+    raise ToolError("skill_view runs inside an agent session")
