@@ -196,6 +196,18 @@ class History:
                 self._sink.replace_messages(fixed)
         return notes
 
+    def undo_last_turn(self) -> str | None:
+        """Drop the last user message and everything after it (stored too); return what the user said."""
+        for index in range(len(self._messages) - 1, -1, -1):
+            if self._messages[index].get("role") == "user":
+                said = self._messages[index].get("content")
+                self._messages = self._messages[:index]
+                self._recount_expected()
+                if self._sink is not None:
+                    self._sink.replace_messages(self._messages)
+                return said if isinstance(said, str) else None
+        return None
+
     def start_turn(self, content: str) -> list[str]:
         """Begin a user turn: close whatever the last turn left open, then append the user message.
 

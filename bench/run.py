@@ -66,6 +66,35 @@ def bench_startup(server: ScriptedServer, env: dict[str, str]) -> None:
     show("one-shot `mibyan chat -q` (zero model latency)", *paired(one_shot, floor, env))
 
 
+def time_to_prompt(env: dict[str, str]) -> float:
+    """Milliseconds from starting `mibyan chat` in a terminal to its prompt being on the screen."""
+    import os
+    import pty
+    import select
+
+    started = time.perf_counter()
+    pid, fd = pty.fork()
+    if pid == 0:
+        os.execve(mibyan_command()[0], [*mibyan_command(), "chat"], env)
+    seen = b""
+    try:
+        while "›".encode() not in seen:
+            ready, _, _ = select.select([fd], [], [], 10)
+            if not ready:
+                raise RuntimeError("mibyan chat showed no prompt within 10 s")
+            seen += os.read(fd, 4096)
+        return (time.perf_counter() - started) * 1000
+    finally:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        os.close(fd)
+
+
+def bench_repl_startup(env: dict[str, str]) -> None:
+    samples = [time_to_prompt(env) for _ in range(RUNS)]
+    show("`mibyan chat` to a usable prompt", samples, wall([sys.executable, "-c", "pass"], env))
+
+
 def gaps(server: ScriptedServer, first_request: int) -> list[float]:
     """Per iteration: from the last byte of a reply to the first byte of the next request, in ms."""
     arrived = [seen.arrived for seen in server.requests[first_request:]]
@@ -199,6 +228,7 @@ def main() -> None:
         env = {**os.environ, "MIBYAN_HOME": tmp, "PYTHONPATH": str(ROOT)}
         print(f"mibyan benchmarks ({RUNS} runs each; python {sys.version.split()[0]})")
         bench_startup(server, env)
+        bench_repl_startup(env)
         for length in (10, 2000):
             ours, bare = bench_iterations(server, length, home)
             show(f"per-iteration overhead, {length} messages", ours, bare)

@@ -34,7 +34,7 @@ def _session_to_resume(args: argparse.Namespace) -> str | None:
     if args.resume is None:
         return None
     from agent_state import SessionStore, StoreError
-    from config.loader import mibyan_home
+    from config.paths import mibyan_home
 
     store = SessionStore.open(mibyan_home())
     try:
@@ -48,22 +48,28 @@ def _session_to_resume(args: argparse.Namespace) -> str | None:
         store.close()
 
 
-def _make_agent(args: argparse.Namespace, progress: Progress) -> AIAgent:
+def make_agent(
+    args: argparse.Namespace, callbacks: dict[str, Any], *, session_id: str | None, model: str | None = None
+) -> AIAgent:
+    """The agent the command-line options describe."""
+    from cli.logs import setup_logging
+    from config.paths import mibyan_home
     from run_agent import AIAgent
 
+    setup_logging(mibyan_home())
     toolsets = [t.strip() for t in args.toolsets.split(",") if t.strip()] if args.toolsets else None
     return AIAgent(
-        model=args.model,
+        model=model or args.model,
         provider=args.provider,
         base_url=args.base_url,
         api_mode=args.api_mode,
         max_iterations=args.max_turns,
         enabled_toolsets=toolsets,
         stream=False if getattr(args, "json", False) else None,
-        session_id=_session_to_resume(args),
+        session_id=session_id,
         source="cli",
         yolo=args.yolo,
-        **progress.callbacks(),
+        **callbacks,
         **prompt_callbacks(),
     )
 
@@ -122,61 +128,6 @@ def _json_result(result: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _repl(agent: AIAgent, progress: Progress) -> int:
-    handler = _InterruptHandler(agent)
-    signal.signal(signal.SIGINT, handler)
-    sys.stderr.write(
-        f"mibyan · {agent.runtime.model} via {agent.runtime.provider} · session {agent.session_id}\n"
-        "Type /exit or press Ctrl-D to leave; Ctrl-C stops a running answer.\n"
-    )
-    _show_last_exchange(agent)
-    while True:
-        handler.reset()
-        try:
-            line = input("› ")
-        except EOFError:
-            sys.stderr.write("\n")
-            return EXIT_OK
-        except KeyboardInterrupt:
-            sys.stderr.write("\n")
-            return EXIT_INTERRUPTED
-        text = line.strip()
-        if not text:
-            continue
-        if text in ("/exit", "/quit"):
-            return EXIT_OK
-        if text == "/todo":
-            from tools.todo import render_todos
-
-            sys.stderr.write(render_todos(agent.store.get_todos(agent.session_id)) + "\n")
-            continue
-        if text == "/compress":
-            report = agent.compress()
-            sys.stderr.write(f"  · {report['report']}\n")
-            continue
-        progress.reset()
-        result = agent.run_conversation(text)
-        progress.end_answer()
-        if not progress.streamed_answer and result["final_response"]:
-            sys.stdout.write(result["final_response"] + "\n")
-        if result["error"]:
-            sys.stderr.write(f"mibyan: {result['error']}\n")
-        elif result["interrupted"]:
-            sys.stderr.write("(interrupted)\n")
-
-
-def _show_last_exchange(agent: AIAgent) -> None:
-    """On resume, show where the conversation stopped."""
-    messages = agent._history.messages
-    last_user = next((m for m in reversed(messages) if m["role"] == "user"), None)
-    if last_user is None:
-        return
-    last_answer = next((m for m in reversed(messages) if m["role"] == "assistant" and m.get("content")), None)
-    sys.stderr.write(f"(resumed: {len(messages)} messages)\n› {last_user['content']}\n")
-    if last_answer is not None:
-        sys.stdout.write(f"{last_answer['content']}\n")
-
-
 def run_chat(args: argparse.Namespace) -> int:
     from agent.errors import MibyanError
 
@@ -188,16 +139,23 @@ def run_chat(args: argparse.Namespace) -> int:
             return EXIT_USAGE
     # No background import of the SDK: imports hold the GIL, so a second importing thread only adds
     # contention; measured with bench/run.py, one-shot start-up was about 8% faster without it.
-    progress = Progress(quiet=args.quiet, stream_answer=not getattr(args, "json", False))
     try:
-        agent = _make_agent(args, progress)
+        session_id = _session_to_resume(args)
+    except MibyanError as exc:
+        sys.stderr.write(f"mibyan: {exc}\n")
+        return EXIT_USAGE
+    if prompt is None:
+        from cli.repl import run_repl
+
+        return run_repl(args, session_id)
+    progress = Progress(quiet=args.quiet, stream_answer=not args.json)
+    try:
+        agent = make_agent(args, progress.callbacks(), session_id=session_id)
     except MibyanError as exc:
         sys.stderr.write(f"mibyan: {exc}\n")
         return EXIT_USAGE
     try:
-        if prompt is not None:
-            return _one_shot(agent, prompt, args, progress)
-        return _repl(agent, progress)
+        return _one_shot(agent, prompt, args, progress)
     except KeyboardInterrupt:
         sys.stderr.write("\n")
         return EXIT_INTERRUPTED

@@ -27,7 +27,7 @@ _ANSWERS = {
 
 def terminal_available() -> bool:
     try:
-        with open("/dev/tty", "r+"):
+        with open("/dev/tty", "rb"):
             return True
     except OSError:
         return False
@@ -35,11 +35,11 @@ def terminal_available() -> bool:
 
 def ask_terminal(question: str) -> str | None:
     """Write `question` to the terminal and read one line back; None without a terminal."""
-    try:
-        with open("/dev/tty", "r+", encoding="utf-8") as tty:
-            tty.write(question)
-            tty.flush()
-            line = tty.readline()
+    try:  # two handles: a terminal opened "r+" in text mode is refused as not seekable
+        with open("/dev/tty", "w", encoding="utf-8") as out, open("/dev/tty", encoding="utf-8") as answer:
+            out.write(question)
+            out.flush()
+            line = answer.readline()
     except OSError:
         return None
     return line.strip() if line else None

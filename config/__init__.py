@@ -1,5 +1,4 @@
-"""mibyan's configuration: built-in defaults, user and project files, environment, flags."""
+"""mibyan's configuration: built-in defaults, user and project files, environment, flags.
 
-from config.loader import load_settings
-
-__all__ = ["load_settings"]
+Import `config.loader` for `load_settings` (it pulls in pydantic and yaml); `config.paths` is light.
+"""

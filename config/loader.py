@@ -16,6 +16,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from agent.errors import ConfigError
+from config.paths import mibyan_home
+
+__all__ = ["AgentSettings", "load_settings", "mibyan_home"]
 
 ApiMode = Literal["chat_completions", "codex_responses", "anthropic_messages"]
 API_MODES: tuple[str, ...] = ("chat_completions", "codex_responses", "anthropic_messages")
@@ -115,13 +118,6 @@ class AgentSettings(_Section):
     delegation: DelegationSection = DelegationSection()
     auxiliary: dict[str, AuxiliaryTask] = {}
     fallback_providers: list[FallbackSettings] = []
-
-
-def mibyan_home(env: Mapping[str, str] | None = None) -> Path:
-    """The data directory: `$MIBYAN_HOME`, else `~/.mibyan`."""
-    env = os.environ if env is None else env
-    raw = env.get("MIBYAN_HOME")
-    return Path(raw).expanduser() if raw else Path.home() / ".mibyan"
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:

@@ -119,3 +119,19 @@ def test_help_imports_neither_sdk() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_the_log_file_is_private_and_masks_keys(home) -> None:
+    import logging
+    import stat
+
+    from cli.logs import setup_logging
+
+    setup_logging(home)
+    logging.getLogger("mibyan.test").warning("calling with key sk-proj-%s", "Zz9" * 10)
+    for handler in logging.getLogger("mibyan").handlers:
+        handler.flush()
+    log = home / "logs" / "mibyan.log"
+    assert stat.S_IMODE(log.stat().st_mode) == 0o600
+    text = log.read_text()
+    assert "calling with key sk-pro" in text and "Zz9Zz9Zz9" not in text

@@ -1,0 +1,223 @@
+"""The interactive chat: a prompt_toolkit prompt that appears at once, the agent loading behind it.
+
+Start-up shows the prompt first; the configuration, the SDK and the session load on a background thread
+while the person types (the first answer waits for them if needed). Ctrl-C stops a running answer and
+returns to the prompt with the session valid; a second Ctrl-C within 2 s leaves with code 130; Ctrl-D
+or /exit leaves with 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import threading
+import time
+from types import FrameType
+from typing import TYPE_CHECKING, Any
+
+from prompt_toolkit import PromptSession
+from prompt_toolkit.completion import CompleteEvent, Completer, Completion
+from prompt_toolkit.document import Document
+from prompt_toolkit.history import FileHistory
+from prompt_toolkit.key_binding import KeyBindings
+
+from cli.commands import COMMANDS, completions, dispatch
+from cli.main import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from cli.render import Renderer
+    from run_agent import AIAgent
+
+_DOUBLE_PRESS = 2.0
+PROMPT = "› "
+
+
+class SlashCompleter(Completer):
+    """Completes slash commands, then their argument (session ids, model names)."""
+
+    def __init__(self, repl: Repl) -> None:
+        self.repl = repl
+
+    def get_completions(self, document: Document, complete_event: CompleteEvent) -> Iterable[Completion]:
+        text = document.text_before_cursor
+        if not text.startswith("/"):
+            return
+        name, space, argument = text[1:].partition(" ")
+        if not space:
+            for item in COMMANDS.values():
+                if item.name.startswith(name):
+                    yield Completion("/" + item.name, start_position=-len(text), display_meta=item.help)
+            return
+        found = COMMANDS.get(name)
+        for value in completions(found.complete if found else None, self.repl):
+            if value.startswith(argument):
+                yield Completion(value, start_position=-len(argument))
+
+
+class Repl:
+    """One interactive chat: the prompt, the agent (loaded in the background) and the renderer."""
+
+    def __init__(self, args: argparse.Namespace, session_id: str | None) -> None:
+        self.args = args
+        self._session_id = session_id
+        self._agent: AIAgent | None = None
+        self._renderer: Renderer | None = None
+        self._error: BaseException | None = None
+        self._ready = threading.Event()
+        self._last_interrupt = 0.0
+        self.usage = {"input_tokens": 0, "output_tokens": 0, "cache_read_tokens": 0}
+
+    # -- the agent, loaded behind the prompt --------------------------------------------------------
+
+    def start_loading(self) -> None:
+        if not self._ready.is_set() and not hasattr(self, "_loader"):
+            self._loader = threading.Thread(target=self._load, name="mibyan-load", daemon=True)
+            self._loader.start()
+
+    def _load(self) -> None:
+        try:
+            from cli.render import Renderer
+
+            self._renderer = Renderer()
+            self._agent = self._build_agent(self._session_id, self.args.model)
+        except BaseException as exc:  # reported on the main thread, as one line
+            self._error = exc
+        finally:
+            self._ready.set()
+
+    def _build_agent(self, session_id: str | None, model: str | None) -> AIAgent:
+        from cli.chat import make_agent
+
+        assert self._renderer is not None
+        return make_agent(self.args, self._renderer.callbacks(), session_id=session_id, model=model)
+
+    def ready(self) -> bool:
+        return self._ready.is_set() and self._error is None
+
+    def wait_ready(self) -> None:
+        self.start_loading()
+        self._ready.wait()
+        if self._error is not None:
+            raise self._error
+
+    @property
+    def agent(self) -> AIAgent:
+        self.wait_ready()
+        assert self._agent is not None
+        return self._agent
+
+    @property
+    def renderer(self) -> Renderer:
+        self.wait_ready()
+        assert self._renderer is not None
+        return self._renderer
+
+    def replace_agent(self, *, session_id: str | None, model: str | None = None) -> None:
+        self._agent = self._build_agent(session_id, model or self.agent.runtime.model)
+
+    # -- output -------------------------------------------------------------------------------------
+
+    def say(self, text: str, style: str | None = None) -> None:
+        if self._renderer is not None:
+            self._renderer.console.print(text, style=style, highlight=False, markup=False)
+        else:
+            print(text)
+
+    def show_last_exchange(self) -> None:
+        messages = self.agent._history.messages
+        last_user = next((m for m in reversed(messages) if m["role"] == "user"), None)
+        if last_user is None:
+            return
+        answer = next((m for m in reversed(messages) if m["role"] == "assistant" and m.get("content")), None)
+        self.say(f"(session {self.agent.session_id}, {len(messages)} messages)", style="dim")
+        self.say(f"{PROMPT}{last_user['content']}", style="bold")
+        if answer is not None:
+            from rich.markdown import Markdown
+
+            self.renderer.console.print(Markdown(answer["content"]))
+
+    # -- turns ----------------------------------------------------------------------------------------
+
+    def _on_sigint(self, signum: int, frame: FrameType | None) -> None:
+        now = time.monotonic()
+        if now - self._last_interrupt < _DOUBLE_PRESS:
+            raise KeyboardInterrupt
+        self._last_interrupt = now
+        if self._agent is not None:
+            self._agent.interrupt()
+        self.say("^C: stopping (^C again to exit)", style="yellow")
+
+    def run_turn(self, text: str) -> None:
+        agent = self.agent
+        previous = signal.signal(signal.SIGINT, self._on_sigint)
+        try:
+            result = agent.run_conversation(text)
+        finally:
+            signal.signal(signal.SIGINT, previous)
+        for key in self.usage:
+            self.usage[key] += result["usage"].get(key, 0)
+        self.renderer.end_turn(result, agent.runtime.model)
+
+    # -- the prompt -----------------------------------------------------------------------------------
+
+    def _session(self) -> PromptSession[str]:
+        from config.paths import mibyan_home
+
+        home = mibyan_home()
+        home.mkdir(mode=0o700, parents=True, exist_ok=True)
+        history_file = home / "history"
+        if not history_file.exists():
+            os.close(os.open(history_file, os.O_CREAT | os.O_WRONLY, 0o600))
+        bindings = KeyBindings()
+
+        @bindings.add("escape", "enter")
+        def _newline(event: Any) -> None:
+            event.current_buffer.insert_text("\n")
+
+        return PromptSession(
+            history=FileHistory(str(history_file)),
+            completer=SlashCompleter(self),
+            key_bindings=bindings,
+            complete_while_typing=True,
+        )
+
+    def loop(self) -> int:
+        session = self._session()
+        if self._session_id is not None:
+            self.show_last_exchange()
+        while True:
+            try:
+                text = session.prompt(PROMPT, pre_run=self.start_loading).strip()
+            except EOFError:
+                return EXIT_OK
+            except KeyboardInterrupt:
+                now = time.monotonic()
+                if now - self._last_interrupt < _DOUBLE_PRESS:
+                    return EXIT_INTERRUPTED
+                self._last_interrupt = now
+                print("^C again to exit")
+                continue
+            if not text:
+                continue
+            if text.startswith("/"):
+                if dispatch(self, text):
+                    return EXIT_OK
+                continue
+            self.run_turn(text)
+
+
+def run_repl(args: argparse.Namespace, session_id: str | None) -> int:
+    from agent.errors import MibyanError
+
+    repl = Repl(args, session_id)
+    try:
+        return repl.loop()
+    except MibyanError as exc:
+        sys.stderr.write(f"mibyan: {exc}\n")
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
