@@ -11,7 +11,7 @@ import logging
 import os
 from typing import Any
 
-from agent.adapters.base import CallHandle, NormalizedResponse
+from agent.adapters.base import CallHandle, NormalizedResponse, WireRequest
 from agent.agent_init import ProviderRuntime, adapter_for, build_client, resolve_runtime
 from agent.errors import ConfigError, ProviderError
 from agent.messages import user_message
@@ -73,13 +73,13 @@ class AuxiliaryClient:
         for runtime in self._chain():
             adapter = adapter_for(runtime.api_mode, self.settings)
             body = adapter.build_request(
-                model=runtime.model,
-                system_prompt=system_prompt,
-                messages=[user_message(prompt)],
-                tools=[],
-                stream=False,
-                max_tokens=max_tokens,
-                temperature=None,
+                WireRequest(
+                    model=runtime.model,
+                    system_prompt=system_prompt,
+                    messages=[user_message(prompt)],
+                    stream=False,
+                    max_tokens=max_tokens,
+                )
             )
             client: Any = build_client(runtime, self.settings)
             try:

@@ -48,6 +48,7 @@ class ConversationLoopMixin:
     _message_layers: Callable[[str], list[str]]
     _prepare_iteration: Callable[[TurnState], PreparedRequest | Interrupted | BudgetExhausted]
     _call_with_retries: Callable[[TurnState, PreparedRequest], NormalizedResponse | Interrupted | Failed]
+    _call_without_tools: Callable[[TurnState, str, list[Message]], NormalizedResponse | Interrupted | Failed]
     _handle_truncation: Callable[
         [TurnState, NormalizedResponse, PreparedRequest], NormalizedResponse | Continue | Interrupted | Failed
     ]
@@ -204,15 +205,7 @@ class ConversationLoopMixin:
             return Interrupted()
         note = _SUMMARY_REQUEST.format(limit=self._budget.limit)
         messages = [*turn.history.messages, user_message(note)]
-        reply = self._call_with_retries(
-            turn,
-            PreparedRequest(
-                system_prompt=turn.system_prompt,
-                messages=messages,
-                tools=self._tool_schemas,
-                allow_tool_calls=False,
-            ),
-        )
+        reply = self._call_without_tools(turn, turn.system_prompt, messages)
         if not isinstance(reply, NormalizedResponse):
             return reply
         text = reply.content or f"Stopped after {self._budget.limit} model calls without a final answer."

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agent.adapters.base import Adapter, CallHandle, NormalizedResponse
+from agent.adapters.base import Adapter, CallHandle, NormalizedResponse, WireRequest
 from agent.agent_init import ProviderRuntime, build_client
 from agent.callbacks import Callbacks, StreamRelay
 from agent.hooks import Hooks
@@ -46,14 +46,16 @@ class ApiCallMixin:
         """One call to the model. Raises TurnInterrupted, ProviderError or the SDK's own errors."""
         agent = self.settings.agent
         body = self._adapter.build_request(
-            model=self.runtime.model,
-            system_prompt=request.system_prompt,
-            messages=request.messages,
-            tools=request.tools,
-            stream=agent.stream,
-            max_tokens=agent.max_tokens,
-            temperature=agent.temperature,
-            allow_tool_calls=request.allow_tool_calls,
+            WireRequest(
+                model=self.runtime.model,
+                system_prompt=request.system_prompt,
+                messages=request.messages,
+                tools=request.tools,
+                stream=agent.stream,
+                max_tokens=agent.max_tokens,
+                temperature=agent.temperature,
+                allow_tool_calls=request.allow_tool_calls,
+            )
         )
         body = apply_prompt_caching(body, self.runtime.api_mode)
         self.hooks.before_llm(request.messages, request.tools)

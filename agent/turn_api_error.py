@@ -15,11 +15,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from agent.adapters.base import Adapter, NormalizedResponse
+from agent.adapters.base import Adapter, NormalizedResponse, ToolSchema
 from agent.agent_init import ProviderRuntime, adapter_for, read_api_key, resolve_runtime
 from agent.callbacks import Callbacks
-from agent.errors import ConfigError, MibyanError, ProviderError, ProviderErrorReason, TurnInterrupted
+from agent.errors import (
+    RETRYABLE_REASONS,
+    ConfigError,
+    MibyanError,
+    ProviderError,
+    ProviderErrorReason,
+    TurnInterrupted,
+)
 from agent.interruptible import InterruptSignal
+from agent.messages import Message
 from agent.turn_state import Failed, Interrupted, PreparedRequest, TurnState
 from agent_state import SessionStore
 from config.loader import AgentSettings, load_settings
@@ -115,18 +123,7 @@ def backoff_delay(attempt: int, retry_after: float | None, cap: float) -> float:
 
 
 #: Failures after which the next provider should take over (once retries, if any, are spent).
-_FAILOVER_REASONS = frozenset(
-    {
-        "rate_limit",
-        "overloaded",
-        "server",
-        "timeout",
-        "connection",
-        "dropped_stream",
-        "auth",
-        "incomplete_response",
-    }
-)
+_FAILOVER_REASONS = (RETRYABLE_REASONS - {"malformed_reply"}) | {"auth", "incomplete_response"}
 
 
 class ApiErrorMixin:
@@ -145,6 +142,7 @@ class ApiErrorMixin:
     store: SessionStore
     home: Path
     _signal: InterruptSignal
+    _tool_schemas: list[ToolSchema]
     _client: Any
     _adapter: Adapter
     _primary_runtime: ProviderRuntime
@@ -163,6 +161,15 @@ class ApiErrorMixin:
             if error is not None and self._fail_over(error):
                 continue
             return outcome
+
+    def _call_without_tools(
+        self, turn: TurnState, system_prompt: str, messages: list[Message]
+    ) -> NormalizedResponse | Interrupted | Failed:
+        """A call that describes the tools but may not use them (summaries, continuations)."""
+        request = PreparedRequest(
+            system_prompt=system_prompt, messages=messages, tools=self._tool_schemas, allow_tool_calls=False
+        )
+        return self._call_with_retries(turn, request)
 
     def _call_this_provider(
         self, turn: TurnState, request: PreparedRequest

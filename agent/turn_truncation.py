@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from agent.adapters.base import NormalizedResponse
 from agent.callbacks import Callbacks
-from agent.messages import assistant_message, tool_message, user_message
+from agent.messages import Message, assistant_message, tool_message, user_message
 from agent.turn_state import Continue, Failed, Interrupted, PreparedRequest, TurnState
 
 MAX_CONTINUATIONS = 3
@@ -29,7 +29,7 @@ class TruncationMixin:
     """Continues cut text; refuses cut tool calls."""
 
     callbacks: Callbacks
-    _call_with_retries: Callable[[TurnState, PreparedRequest], NormalizedResponse | Interrupted | Failed]
+    _call_without_tools: Callable[[TurnState, str, list[Message]], NormalizedResponse | Interrupted | Failed]
 
     def _handle_truncation(
         self, turn: TurnState, reply: NormalizedResponse, request: PreparedRequest
@@ -58,15 +58,7 @@ class TruncationMixin:
             )
             so_far = "".join(parts)
             messages = [*request.messages, assistant_message(so_far), user_message(_CONTINUE_NOTE)]
-            more = self._call_with_retries(
-                turn,
-                PreparedRequest(
-                    system_prompt=request.system_prompt,
-                    messages=messages,
-                    tools=request.tools,
-                    allow_tool_calls=False,
-                ),
-            )
+            more = self._call_without_tools(turn, request.system_prompt, messages)
             if not isinstance(more, NormalizedResponse):
                 return more
             parts.append(more.content or "")

@@ -9,7 +9,8 @@ from typing import Any
 _ARGS_PREVIEW = 80
 
 
-def _preview_args(raw: Any) -> str:
+def preview_arguments(raw: Any) -> str:
+    """A tool call's arguments in one short line."""
     try:
         parsed = json.loads(raw) if isinstance(raw, str) else raw
         text = ", ".join(f"{k}={v!r}" for k, v in parsed.items()) if isinstance(parsed, dict) else str(raw)
@@ -59,7 +60,7 @@ class Progress:
         if phase == "end":
             status = "ok" if detail.get("ok") else "failed"
             self._note(
-                f"  ⚙ {name}({_preview_args(detail.get('arguments'))}) · {status} · "
+                f"  ⚙ {name}({preview_arguments(detail.get('arguments'))}) · {status} · "
                 f"{detail.get('duration', 0):.1f}s"
             )
 

@@ -6,7 +6,6 @@ output that is not a terminal get plain text.
 
 from __future__ import annotations
 
-import json
 import threading
 from typing import Any
 
@@ -14,6 +13,8 @@ from rich.console import Console
 from rich.live import Live
 from rich.markdown import Markdown
 from rich.text import Text
+
+from cli.progress import preview_arguments
 
 #: Dollars per million tokens (input, output) for models whose price is known.
 PRICES: dict[str, tuple[float, float]] = {
@@ -32,15 +33,6 @@ def price_of(model: str) -> tuple[float, float] | None:
     name = model.rsplit("/", 1)[-1]
     matches = [prefix for prefix in PRICES if name.startswith(prefix)]
     return PRICES[max(matches, key=len)] if matches else None
-
-
-def _preview(raw: Any, width: int = 70) -> str:
-    try:
-        parsed = json.loads(raw) if isinstance(raw, str) else raw
-        text = ", ".join(f"{k}={v!r}" for k, v in parsed.items()) if isinstance(parsed, dict) else str(raw)
-    except (ValueError, TypeError):
-        text = str(raw)
-    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 class Renderer:
@@ -84,7 +76,9 @@ class Renderer:
             self._close_answer()
             self._answer = []
             if phase == "start":
-                self.console.print(Text(f"  ⚙ {name}({_preview(detail.get('arguments'))}) …", style="cyan"))
+                self.console.print(
+                    Text(f"  ⚙ {name}({preview_arguments(detail.get('arguments'))}) …", style="cyan")
+                )
             else:
                 mark, style = ("✓", "green") if detail.get("ok") else ("✗", "red")
                 self.console.print(Text(f"  {mark} {name} · {detail.get('duration', 0):.1f}s", style=style))

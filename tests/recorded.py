@@ -79,3 +79,21 @@ class Replay:
             max_retries=0,
             http_client=openai.DefaultHttpxClient(transport=httpx2.MockTransport(self.handler)),
         )
+
+
+class Collect:
+    """StreamEvents that keep what arrives."""
+
+    def __init__(self) -> None:
+        self.text: list[str] = []
+        self.reasoning: list[str] = []
+        self.tools: list[str] = []
+
+    def on_text(self, delta: str) -> None:
+        self.text.append(delta)
+
+    def on_reasoning(self, delta: str) -> None:
+        self.reasoning.append(delta)
+
+    def on_tool_call(self, name: str) -> None:
+        self.tools.append(name)

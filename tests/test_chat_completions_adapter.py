@@ -5,28 +5,12 @@ from __future__ import annotations
 import json
 
 import pytest
-from recorded import Replay, load_cassette
+from recorded import Collect, Replay, load_cassette
 
-from agent.adapters.base import CallHandle, ToolSchema
+from agent.adapters.base import CallHandle, ToolSchema, WireRequest
 from agent.adapters.chat_completions import ChatCompletionsAdapter
 from agent.errors import ProviderError
 from agent.messages import assistant_message, tool_message, user_message
-
-
-class Collect:
-    def __init__(self) -> None:
-        self.text: list[str] = []
-        self.reasoning: list[str] = []
-        self.tools: list[str] = []
-
-    def on_text(self, delta: str) -> None:
-        self.text.append(delta)
-
-    def on_reasoning(self, delta: str) -> None:
-        self.reasoning.append(delta)
-
-    def on_tool_call(self, name: str) -> None:
-        self.tools.append(name)
 
 
 def send(replay: Replay, body: dict, *, events: Collect | None = None):
@@ -87,13 +71,15 @@ def test_recorded_two_turn_tool_use_replays_the_same_wire_history() -> None:
         tool_message(reply.tool_calls[0]["id"], recorded_tool_result["content"]),
     ]
     body = adapter.build_request(
-        model=first.request_body["model"],
-        system_prompt="",
-        messages=history,
-        tools=tools,
-        stream=True,
-        max_tokens=None,
-        temperature=None,
+        WireRequest(
+            model=first.request_body["model"],
+            system_prompt="",
+            messages=history,
+            tools=tools,
+            stream=True,
+            max_tokens=None,
+            temperature=None,
+        )
     )
     events = Collect()
     answer = send(replay, body, events=events)
@@ -115,13 +101,15 @@ def test_recorded_two_turn_tool_use_replays_the_same_wire_history() -> None:
 
 def test_the_request_body_carries_system_tools_and_usage_option() -> None:
     body = ChatCompletionsAdapter().build_request(
-        model="m",
-        system_prompt="be brief",
-        messages=[user_message("hi")],
-        tools=[ToolSchema("t", "a tool", {"type": "object", "properties": {}})],
-        stream=True,
-        max_tokens=100,
-        temperature=0.2,
+        WireRequest(
+            model="m",
+            system_prompt="be brief",
+            messages=[user_message("hi")],
+            tools=[ToolSchema("t", "a tool", {"type": "object", "properties": {}})],
+            stream=True,
+            max_tokens=100,
+            temperature=0.2,
+        )
     )
     assert body["messages"][0] == {"role": "system", "content": "be brief"}
     assert body["tools"][0]["function"]["name"] == "t"

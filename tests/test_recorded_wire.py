@@ -5,29 +5,13 @@ from __future__ import annotations
 import json
 
 import pytest
-from recorded import Interaction, Replay, load_cassette
+from recorded import Collect, Interaction, Replay, load_cassette
 
 from agent.adapters.anthropic_messages import AnthropicMessagesAdapter
-from agent.adapters.base import CallHandle, ToolSchema
+from agent.adapters.base import CallHandle, ToolSchema, WireRequest
 from agent.adapters.codex_responses import CodexResponsesAdapter
 from agent.messages import assistant_message, tool_message, user_message
 from agent.turn_api_error import classify_error
-
-
-class Collect:
-    def __init__(self) -> None:
-        self.text: list[str] = []
-        self.reasoning: list[str] = []
-        self.tools: list[str] = []
-
-    def on_text(self, delta: str) -> None:
-        self.text.append(delta)
-
-    def on_reasoning(self, delta: str) -> None:
-        self.reasoning.append(delta)
-
-    def on_tool_call(self, name: str) -> None:
-        self.tools.append(name)
 
 
 def send(adapter, client, body: dict, events: Collect | None = None):
@@ -82,13 +66,15 @@ def test_anthropic_thinking_signature_is_replayed_unchanged() -> None:
         tool_message(reply.tool_calls[0]["id"], recorded_result["content"]),
     ]
     body = adapter.build_request(
-        model=first.request_body["model"],
-        system_prompt="",
-        messages=history,
-        tools=schemas(first.request_body["tools"]),
-        stream=True,
-        max_tokens=64000,
-        temperature=None,
+        WireRequest(
+            model=first.request_body["model"],
+            system_prompt="",
+            messages=history,
+            tools=schemas(first.request_body["tools"]),
+            stream=True,
+            max_tokens=64000,
+            temperature=None,
+        )
     )
     sent_blocks = body["messages"][1]["content"]
     assert sent_blocks[0] == recorded_assistant[0]  # the signed thinking block, byte for byte
@@ -145,13 +131,15 @@ def test_responses_tool_use_round_trip(cassette: str) -> None:
         tool_message(reply.tool_calls[0]["id"], "2869461"),
     ]
     body = adapter.build_request(
-        model=model,
-        system_prompt="",
-        messages=history,
-        tools=schemas(first.request_body["tools"]),
-        stream=bool(first.request_body["stream"]),
-        max_tokens=None,
-        temperature=None,
+        WireRequest(
+            model=model,
+            system_prompt="",
+            messages=history,
+            tools=schemas(first.request_body["tools"]),
+            stream=bool(first.request_body["stream"]),
+            max_tokens=None,
+            temperature=None,
+        )
     )
     recorded_call, recorded_output = second.request_body["input"][-2:]
     sent_call, sent_output = body["input"][-2:]
@@ -182,13 +170,15 @@ def test_responses_interleaved_reasoning_is_sent_back_in_order_unchanged() -> No
     reply = None
     for index, turn in enumerate(turns):
         body = adapter.build_request(
-            model=model,
-            system_prompt="",
-            messages=history,
-            tools=schemas(turns[0].request_body["tools"]),
-            stream=False,
-            max_tokens=None,
-            temperature=None,
+            WireRequest(
+                model=model,
+                system_prompt="",
+                messages=history,
+                tools=schemas(turns[0].request_body["tools"]),
+                stream=False,
+                max_tokens=None,
+                temperature=None,
+            )
         )
         if index:
             recorded = turn.request_body["input"]

@@ -12,7 +12,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from agent.adapters.base import NormalizedResponse, StreamEvents, ToolSchema, Usage, WireAdapter, malformed
+from agent.adapters.base import (
+    NormalizedResponse,
+    StreamEvents,
+    Usage,
+    WireAdapter,
+    WireRequest,
+    malformed,
+)
 from agent.errors import ProviderError
 from agent.messages import Message
 
@@ -198,38 +205,28 @@ class AnthropicMessagesAdapter(WireAdapter):
     def __init__(self, *, thinking_budget: int | None = None) -> None:
         self.thinking_budget = thinking_budget
 
-    def build_request(
-        self,
-        *,
-        model: str,
-        system_prompt: str,
-        messages: list[Message],
-        tools: list[ToolSchema],
-        stream: bool,
-        max_tokens: int | None,
-        temperature: float | None,
-        allow_tool_calls: bool = True,
-    ) -> dict[str, Any]:
+    def build_request(self, request: WireRequest) -> dict[str, Any]:
         # "messages" goes last: the body then grows only at its end from one turn to the next.
         body: dict[str, Any] = {
-            "model": model,
-            "max_tokens": max_tokens or DEFAULT_MAX_TOKENS,
-            "stream": stream,
+            "model": request.model,
+            "max_tokens": request.max_tokens or DEFAULT_MAX_TOKENS,
+            "stream": request.stream,
         }
         if self.thinking_budget:
             body["thinking"] = {"type": "enabled", "budget_tokens": self.thinking_budget}
             body["max_tokens"] = max(body["max_tokens"], self.thinking_budget + 1024)
-        elif temperature is not None:
-            body["temperature"] = temperature  # with thinking on, the API accepts only the default
-        if tools:
+        elif request.temperature is not None:
+            body["temperature"] = request.temperature  # with thinking on, the API accepts only the default
+        if request.tools:
             body["tools"] = [
-                {"name": t.name, "description": t.description, "input_schema": t.parameters} for t in tools
+                {"name": t.name, "description": t.description, "input_schema": t.parameters}
+                for t in request.tools
             ]
-            if not allow_tool_calls:
+            if not request.allow_tool_calls:
                 body["tool_choice"] = {"type": "none"}
-        if system_prompt:
-            body["system"] = [{"type": "text", "text": system_prompt}]
-        body["messages"] = wire_messages(messages)
+        if request.system_prompt:
+            body["system"] = [{"type": "text", "text": request.system_prompt}]
+        body["messages"] = wire_messages(request.messages)
         return body
 
     def parse_reply(self, data: Any) -> NormalizedResponse:

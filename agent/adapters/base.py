@@ -83,6 +83,24 @@ class ToolSchema:
     parameters: dict[str, Any]
 
 
+@dataclass(frozen=True)
+class WireRequest:
+    """What one model call asks for, before any API mode's wire format.
+
+    With `allow_tool_calls` False the tools are still described (Anthropic requires that when the history
+    holds tool blocks) but the model may not call them.
+    """
+
+    model: str
+    system_prompt: str
+    messages: list[Message]
+    tools: list[ToolSchema] = field(default_factory=list)
+    stream: bool = True
+    max_tokens: int | None = None
+    temperature: float | None = None
+    allow_tool_calls: bool = True
+
+
 class StreamAssembler(Protocol):
     """Builds one reply from a stream's events; `finish()` raises if the stream never completed."""
 
@@ -103,20 +121,8 @@ class WireAdapter(ABC):
     path: str
 
     @abstractmethod
-    def build_request(
-        self,
-        *,
-        model: str,
-        system_prompt: str,
-        messages: list[Message],
-        tools: list[ToolSchema],
-        stream: bool,
-        max_tokens: int | None,
-        temperature: float | None,
-        allow_tool_calls: bool = True,
-    ) -> dict[str, Any]:
-        """The request body for this mode. With `allow_tool_calls` False the tools are still described
-        (Anthropic requires that when the history holds tool blocks) but the model may not call them."""
+    def build_request(self, request: WireRequest) -> dict[str, Any]:
+        """The request body for this mode."""
 
     @abstractmethod
     def parse_reply(self, data: Any) -> NormalizedResponse:
@@ -132,6 +138,10 @@ class WireAdapter(ABC):
 
         limit = httpx2.Timeout(timeout, read=stall_timeout) if stall_timeout else timeout
         return {"headers": {"Content-Type": "application/json"}, "timeout": limit}
+
+    def finish_reply(self, reply: NormalizedResponse, body: dict[str, Any]) -> NormalizedResponse:
+        """A last look at a parsed reply with the request it answers (for what depends on both)."""
+        return reply
 
     def stream_class(self) -> Any:
         """The SDK's Stream class, which splits the SSE body into events (openai's by default)."""
@@ -157,7 +167,7 @@ class WireAdapter(ABC):
         options = self.request_options(timeout, stall_timeout)
         if not stream:
             data = client.post(self.path, cast_to=object, content=content, options=options)
-            return self.parse_reply(data)
+            return self.finish_reply(self.parse_reply(data), body)
         chunks = client.post(
             self.path,
             cast_to=object,
@@ -181,7 +191,7 @@ class WireAdapter(ABC):
             raise ProviderError(f"the connection dropped mid-stream: {exc}", reason="dropped_stream") from exc
         finally:
             chunks.response.close()
-        return assembler.finish()
+        return self.finish_reply(assembler.finish(), body)
 
 
 def malformed(what: str, data: Any) -> ProviderError:

@@ -10,7 +10,15 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from agent.adapters.base import NormalizedResponse, StreamEvents, ToolSchema, Usage, WireAdapter, malformed
+from agent.adapters.base import (
+    NormalizedResponse,
+    StreamEvents,
+    ToolSchema,
+    Usage,
+    WireAdapter,
+    WireRequest,
+    malformed,
+)
 from agent.errors import ProviderError
 from agent.messages import Message
 
@@ -166,31 +174,20 @@ class ChatCompletionsAdapter(WireAdapter):
     api_mode = "chat_completions"
     path = "/chat/completions"
 
-    def build_request(
-        self,
-        *,
-        model: str,
-        system_prompt: str,
-        messages: list[Message],
-        tools: list[ToolSchema],
-        stream: bool,
-        max_tokens: int | None,
-        temperature: float | None,
-        allow_tool_calls: bool = True,
-    ) -> dict[str, Any]:
-        wire = [{"role": "system", "content": system_prompt}] if system_prompt else []
-        wire.extend(wire_message(m) for m in messages)
-        body: dict[str, Any] = {"model": model, "messages": wire, "stream": stream}
-        if tools:
-            body["tools"] = wire_tools(tools)
-            if not allow_tool_calls:
+    def build_request(self, request: WireRequest) -> dict[str, Any]:
+        wire = [{"role": "system", "content": request.system_prompt}] if request.system_prompt else []
+        wire.extend(wire_message(m) for m in request.messages)
+        body: dict[str, Any] = {"model": request.model, "messages": wire, "stream": request.stream}
+        if request.tools:
+            body["tools"] = wire_tools(request.tools)
+            if not request.allow_tool_calls:
                 body["tool_choice"] = "none"
-        if stream:
+        if request.stream:
             body["stream_options"] = {"include_usage": True}
-        if max_tokens is not None:
-            body["max_tokens"] = max_tokens
-        if temperature is not None:
-            body["temperature"] = temperature
+        if request.max_tokens is not None:
+            body["max_tokens"] = request.max_tokens
+        if request.temperature is not None:
+            body["temperature"] = request.temperature
         return body
 
     def parse_reply(self, data: Any) -> NormalizedResponse:

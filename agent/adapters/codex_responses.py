@@ -11,12 +11,11 @@ from __future__ import annotations
 from typing import Any
 
 from agent.adapters.base import (
-    CallHandle,
     NormalizedResponse,
     StreamEvents,
-    ToolSchema,
     Usage,
     WireAdapter,
+    WireRequest,
     malformed,
 )
 from agent.errors import ProviderError
@@ -169,38 +168,27 @@ class CodexResponsesAdapter(WireAdapter):
     api_mode = "codex_responses"
     path = "/responses"
 
-    def build_request(
-        self,
-        *,
-        model: str,
-        system_prompt: str,
-        messages: list[Message],
-        tools: list[ToolSchema],
-        stream: bool,
-        max_tokens: int | None,
-        temperature: float | None,
-        allow_tool_calls: bool = True,
-    ) -> dict[str, Any]:
+    def build_request(self, request: WireRequest) -> dict[str, Any]:
         body: dict[str, Any] = {
-            "model": model,
-            "stream": stream,
+            "model": request.model,
+            "stream": request.stream,
             "store": False,
             "include": ["reasoning.encrypted_content"],
         }
-        if system_prompt:
-            body["instructions"] = system_prompt
-        if tools:
+        if request.system_prompt:
+            body["instructions"] = request.system_prompt
+        if request.tools:
             body["tools"] = [
                 {"type": "function", "name": t.name, "description": t.description, "parameters": t.parameters}
-                for t in tools
+                for t in request.tools
             ]
-            if not allow_tool_calls:
+            if not request.allow_tool_calls:
                 body["tool_choice"] = "none"
-        if max_tokens is not None:
-            body["max_output_tokens"] = max_tokens
-        if temperature is not None:
-            body["temperature"] = temperature
-        body["input"] = wire_input(messages, model)
+        if request.max_tokens is not None:
+            body["max_output_tokens"] = request.max_tokens
+        if request.temperature is not None:
+            body["temperature"] = request.temperature
+        body["input"] = wire_input(request.messages, request.model)
         return body
 
     def parse_reply(self, data: Any) -> NormalizedResponse:
@@ -214,26 +202,7 @@ class CodexResponsesAdapter(WireAdapter):
     def request_options(self, timeout: float, stall_timeout: float | None = None) -> dict[str, Any]:
         return {**super().request_options(timeout, stall_timeout), "security": {"bearer_auth": True}}
 
-    def send(
-        self,
-        client: Any,
-        body: dict[str, Any],
-        *,
-        stream: bool,
-        events: StreamEvents,
-        handle: CallHandle,
-        timeout: float,
-        stall_timeout: float | None = None,
-    ) -> NormalizedResponse:
-        reply = super().send(
-            client,
-            body,
-            stream=stream,
-            events=events,
-            handle=handle,
-            timeout=timeout,
-            stall_timeout=stall_timeout,
-        )
+    def finish_reply(self, reply: NormalizedResponse, body: dict[str, Any]) -> NormalizedResponse:
         if reply.provider_data:
             # Tag the reasoning with the model name we asked for (the reply names a dated snapshot), so a
             # later request to the same model replays it and a request to another model does not.
