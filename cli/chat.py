@@ -69,8 +69,7 @@ def make_agent(
         session_id=session_id,
         source="cli",
         yolo=args.yolo,
-        **callbacks,
-        **prompt_callbacks(),
+        **{**prompt_callbacks(), **callbacks},
     )
 
 

@@ -7,11 +7,13 @@ output that is not a terminal get plain text.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any
 
-from rich.console import Console
+from rich.console import Console, Group
 from rich.live import Live
 from rich.markdown import Markdown
+from rich.spinner import Spinner
 from rich.text import Text
 
 from cli.progress import preview_arguments
@@ -43,14 +45,20 @@ class Renderer:
         self.show_reasoning = True
         self._answer: list[str] = []
         self._live: Live | None = None
-        self._lock = threading.Lock()
+        self._running: list[tuple[str, Spinner]] = []
+        self._tools_live: Live | None = None
+        self._lock = threading.RLock()
 
     def callbacks(self) -> dict[str, Any]:
+        from cli.prompts import prompt_callbacks
+
+        questions = {name: self.paused(ask) for name, ask in prompt_callbacks().items()}
         return {
             "stream_delta_callback": self.on_delta,
             "reasoning_callback": self.on_reasoning,
             "tool_progress_callback": self.on_tool,
             "status_callback": self.on_status,
+            **questions,
         }
 
     def on_delta(self, text: str) -> None:
@@ -72,16 +80,49 @@ class Renderer:
             self._live = None
 
     def on_tool(self, phase: str, name: str, detail: dict[str, Any]) -> None:
+        """One line per tool call: a spinner while it runs, then its status and duration."""
+        label = f"{name}({preview_arguments(detail.get('arguments'))})"
         with self._lock:
             self._close_answer()
             self._answer = []
             if phase == "start":
-                self.console.print(
-                    Text(f"  ⚙ {name}({preview_arguments(detail.get('arguments'))}) …", style="cyan")
-                )
+                self._running.append((label, Spinner("dots", text=Text(f" {label}", style="cyan"))))
             else:
+                index = next((i for i, (running, _) in enumerate(self._running) if running == label), None)
+                if index is not None:
+                    del self._running[index]
                 mark, style = ("✓", "green") if detail.get("ok") else ("✗", "red")
-                self.console.print(Text(f"  {mark} {name} · {detail.get('duration', 0):.1f}s", style=style))
+                self.console.print(Text(f"  {mark} {label} · {detail.get('duration', 0):.1f}s", style=style))
+            self._show_running()
+
+    def _show_running(self) -> None:
+        if not self._running:
+            if self._tools_live is not None:
+                self._tools_live.stop()
+                self._tools_live = None
+            return
+        rows = Group(*(spinner for _, spinner in self._running))
+        if self._tools_live is None:
+            self._tools_live = Live(rows, console=self.console, refresh_per_second=10, transient=True)
+            self._tools_live.start()
+        else:
+            self._tools_live.update(rows)
+
+    def paused(self, ask: Callable[..., Any]) -> Callable[..., Any]:
+        """Wrap a question to the user (approval, clarify) so no spinner draws over it."""
+
+        def asking(*args: Any) -> Any:
+            with self._lock:
+                if self._tools_live is not None:
+                    self._tools_live.stop()
+                    self._tools_live = None
+            try:
+                return ask(*args)
+            finally:
+                with self._lock:
+                    self._show_running()
+
+        return asking
 
     def on_status(self, kind: str, message: str) -> None:
         if kind not in ("interrupted",):
@@ -90,6 +131,8 @@ class Renderer:
 
     def end_turn(self, result: dict[str, Any], model: str) -> None:
         with self._lock:
+            self._running = []
+            self._show_running()
             self._close_answer()
             if not self._answer and result.get("final_response"):
                 self.console.print(Markdown(result["final_response"]))

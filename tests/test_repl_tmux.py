@@ -66,9 +66,9 @@ def test_a_two_turn_chat_with_a_tool_call(server: ScriptedServer, chat: Terminal
     )
     chat.wait_for("›")
     chat.send("what is here?", "Enter")
-    screen = chat.wait_for("The folder has two files.")
-    assert "✓ list_directory" in screen
-    assert "20 in · 10 out" in screen
+    screen = chat.wait_for("20 in · 10 out")  # the footer comes last
+    assert "The folder has two files." in screen
+    assert "✓ list_directory(path='.')" in screen
     chat.send("and now?", "Enter")
     chat.wait_for("Second answer here.")
     assert [m["role"] for m in server.requests[-1].body["messages"]][-2:] == ["assistant", "user"]
