@@ -282,6 +282,7 @@ def init_agent(
     agent._children_lock = threading.Lock()
     agent._system_prompt = None
     agent._custom_prompt = False
+    agent._skill_matcher = make_skill_matcher(settings)
     open_session(agent, session_id, source=source)
 
 
@@ -304,6 +305,33 @@ def remember_approval(home: Path, key: str) -> None:
     with os.fdopen(fd, "w", encoding="utf-8") as handle:
         yaml.safe_dump(data, handle, sort_keys=False)
     os.replace(temporary, path)
+
+
+def make_skill_matcher(settings: AgentSettings) -> Any:
+    """Semantic skill matching, when `skills.embedding` names an (OpenAI-compatible) embedding provider."""
+    embedding = settings.skills.embedding
+    if embedding is None:
+        return None
+    from agent.skills import SemanticMatcher
+
+    runtime = resolve_runtime(
+        settings,
+        provider=embedding.provider,
+        model=embedding.model,
+        base_url=None,
+        api_key=None,
+        api_mode="chat_completions",
+        env=os.environ,
+    )
+    holder: dict[str, Any] = {}
+
+    def embed(texts: list[str]) -> list[list[float]]:
+        if "client" not in holder:
+            holder["client"] = build_client(runtime, settings)
+        reply = holder["client"].embeddings.create(model=runtime.model, input=texts)
+        return [list(item.embedding) for item in sorted(reply.data, key=lambda item: item.index)]
+
+    return SemanticMatcher(embed, settings.skills.threshold)
 
 
 def make_summarizer(agent: Any) -> Any:

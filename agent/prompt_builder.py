@@ -15,7 +15,7 @@ from datetime import date
 from pathlib import Path
 
 from agent.memory import MemoryStore
-from agent.skills import Skill, discover_skills, match_skills, skills_index
+from agent.skills import SemanticMatcher, Skill, discover_skills, match_skills, skills_index
 from agent_state import SessionStore
 
 DEFAULT_PERSONA = """You are mibyan, a capable software engineering agent working in the user's terminal.
@@ -57,6 +57,7 @@ class PromptBuilderMixin:
     _system_prompt: str | None
     home: Path
     store: SessionStore
+    _skill_matcher: SemanticMatcher | None
 
     def _session_system_prompt(self) -> str:
         if self._system_prompt is None:
@@ -91,7 +92,11 @@ class PromptBuilderMixin:
 
     def _message_layers(self, message: str) -> list[str]:
         """Skills whose triggers the message names, and stored facts relevant to it."""
-        layers = [f"[Skill: {s.name}]\n{s.body}" for s in match_skills(self._skills(), message)]
+        skills = self._skills()
+        matched = match_skills(skills, message)
+        if self._skill_matcher is not None:
+            matched += [s for s in self._skill_matcher.match(skills, message) if s not in matched]
+        layers = [f"[Skill: {s.name}]\n{s.body}" for s in matched]
         facts = self.store.relevant_facts(message)
         if facts:
             text = capped("\n".join(f"- {fact}" for fact in facts), _FACTS_CAP)

@@ -7,7 +7,10 @@ instructions into the turn.
 
 from __future__ import annotations
 
+import logging
+import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,6 +18,7 @@ import yaml
 
 _FRONT_MATTER = re.compile(r"\A---\s*\n(.*?)\n---\s*\n?(.*)\Z", re.S)
 _MAX_SKILL_CHARS = 8000
+log = logging.getLogger("mibyan.skills")
 
 
 @dataclass(frozen=True)
@@ -71,6 +75,47 @@ def match_skills(skills: list[Skill], message: str) -> list[Skill]:
     words = set(re.findall(r"[\w-]+", message.lower()))
     text = message.lower()
     return [s for s in skills if any((t in words) if " " not in t else (t in text) for t in s.triggers)]
+
+
+def cosine(a: list[float], b: list[float]) -> float:
+    dot = sum(x * y for x, y in zip(a, b, strict=False))
+    norm = math.sqrt(sum(x * x for x in a)) * math.sqrt(sum(y * y for y in b))
+    return dot / norm if norm else 0.0
+
+
+class SemanticMatcher:
+    """Matches skills to a message by meaning: cosine similarity of embeddings from a configured provider.
+
+    The skills are embedded once (name, description and triggers); each message once. When the
+    embedding provider fails, matching falls back to trigger words alone, and the failure is logged.
+    """
+
+    def __init__(self, embed: Callable[[list[str]], list[list[float]]], threshold: float) -> None:
+        self._embed = embed
+        self.threshold = threshold
+        self._cache: dict[str, list[float]] = {}
+
+    def _vectors(self, texts: list[str]) -> list[list[float]]:
+        missing = [t for t in dict.fromkeys(texts) if t not in self._cache]
+        if missing:
+            self._cache.update(zip(missing, self._embed(missing), strict=True))
+        return [self._cache[t] for t in texts]
+
+    def match(self, skills: list[Skill], message: str) -> list[Skill]:
+        if not skills or not message.strip():
+            return []
+        try:
+            profiles = [f"{s.name}: {s.description} ({', '.join(s.triggers)})" for s in skills]
+            vectors = self._vectors([*profiles, message])
+        except Exception:  # an optional side service: its failure must not break the turn
+            log.warning("skill embeddings failed; matching by trigger words only", exc_info=True)
+            return []
+        query = vectors[-1]
+        return [
+            skill
+            for skill, vector in zip(skills, vectors, strict=False)
+            if cosine(vector, query) >= self.threshold
+        ]
 
 
 def skills_index(skills: list[Skill]) -> str:

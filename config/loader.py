@@ -99,6 +99,16 @@ class DelegationSection(_Section):
     allow_tools: list[str] = []
 
 
+class EmbeddingSettings(_Section):
+    provider: str
+    model: str
+
+
+class SkillsSection(_Section):
+    embedding: EmbeddingSettings | None = None
+    threshold: float = Field(default=0.5, ge=-1, le=1)
+
+
 class AuxiliaryTask(_Section):
     provider: str | None = None
     model: str | None = None
@@ -116,6 +126,7 @@ class AgentSettings(_Section):
     hooks: HooksSection = HooksSection()
     compression: CompressionSection = CompressionSection()
     delegation: DelegationSection = DelegationSection()
+    skills: SkillsSection = SkillsSection()
     auxiliary: dict[str, AuxiliaryTask] = {}
     fallback_providers: list[FallbackSettings] = []
 

@@ -140,6 +140,9 @@ class ScriptedServer:
                         Seen(body=body, arrived=arrived, path=self.path, headers=dict(self.headers.items()))
                     )
                     server._arrivals.notify_all()
+                if self.path.endswith("/embeddings"):
+                    self._send_json(200, embeddings(body), {})
+                    return
                 reply = server._next_reply(body)
                 if reply.delay and not self._wait(reply.delay):
                     with server._lock:
@@ -219,6 +222,27 @@ class ScriptedServer:
             }
             for name, args in reply.tool_calls
         ]
+
+
+def embeddings(body: dict[str, Any]) -> dict[str, Any]:
+    """A deterministic stand-in for an embedding model: a hashed bag of words."""
+    import hashlib
+    import re
+
+    def vector(text: str) -> list[float]:
+        values = [0.0] * 64
+        for word in re.findall(r"\w+", text.lower()):
+            if len(word) > 3:
+                values[int(hashlib.sha1(word.encode()).hexdigest(), 16) % 64] += 1.0
+        return values
+
+    texts = body["input"] if isinstance(body["input"], list) else [body["input"]]
+    return {
+        "object": "list",
+        "model": body.get("model"),
+        "usage": {"prompt_tokens": 1, "total_tokens": 1},
+        "data": [{"object": "embedding", "index": i, "embedding": vector(t)} for i, t in enumerate(texts)],
+    }
 
 
 def _sse(data: dict[str, Any] | str, event: str | None = None) -> str:

@@ -135,3 +135,27 @@ def test_a_trigger_word_brings_its_skill_into_the_turn(
         env={"MIBYAN_HOME": str(home), "PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
     )
     assert "release: Cut a release  (triggers: release, ship)" in listed.stdout
+
+
+def test_skills_match_by_meaning_when_an_embedding_provider_is_set(
+    server: ScriptedServer, make_agent, home: Path
+):
+    skill = home / "skills" / "publishing"
+    skill.mkdir(parents=True)
+    (skill / "SKILL.md").write_text(
+        "---\nname: publishing\ndescription: Publishing the package to the registry\n"
+        "triggers: [pypi]\n---\nRun twine upload.\n"
+    )
+    (home / "config.yaml").write_text(f"""
+agent: {{api_max_retries: 0}}
+providers: {{embedder: {{base_url: "{server.base_url}", api_mode: chat_completions}}}}
+skills: {{embedding: {{provider: embedder, model: tiny-embed}}, threshold: 0.3}}
+""")
+    server.default = lambda body: Reply(text="ok")
+    agent = make_agent()
+    agent.chat("how do I get the package onto the registry?")
+    agent.chat("what time is it")
+    chats = [seen.body for seen in server.requests if "messages" in seen.body]
+    assert "[Skill: publishing]" in system_of(chats[0])
+    assert "[Skill: publishing]" not in system_of(chats[1])
+    assert sum(1 for seen in server.requests if seen.path.endswith("/embeddings")) == 2  # skills embedded once
