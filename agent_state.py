@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.errors import MibyanError
+from config.paths import private_dir
 
 Message = dict[str, Any]
 
@@ -216,7 +217,7 @@ class SessionStore:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._lock = threading.RLock()
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        private_dir(path.parent)
         try:
             if not path.exists():
                 os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
@@ -236,7 +237,7 @@ class SessionStore:
 
     @classmethod
     def open(cls, home: Path) -> SessionStore:
-        home.mkdir(mode=0o700, parents=True, exist_ok=True)
+        private_dir(home)
         return cls(home / "state.db")
 
     def close(self) -> None:

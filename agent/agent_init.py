@@ -20,6 +20,7 @@ from config.loader import (
     load_settings,
     mibyan_home,
 )
+from config.paths import private_dir
 
 if TYPE_CHECKING:
     from agent.adapters.base import Adapter
@@ -299,7 +300,7 @@ def remember_approval(home: Path, key: str) -> None:
     always = approvals.setdefault("always", [])
     if key not in always:
         always.append(key)
-    home.mkdir(mode=0o700, parents=True, exist_ok=True)
+    private_dir(home)
     temporary = path.with_name(".config.yaml.mibyan-tmp")
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as handle:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from agent.errors import ToolError
 from agent_state import mask_secrets
+from config.paths import private_dir
 
 LIMITS = {"memory": 2200, "user": 1375}
 FILES = {"memory": "MEMORY.md", "user": "USER.md"}
@@ -50,7 +51,7 @@ class MemoryStore:
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
-        self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        private_dir(self.folder)
         fd = os.open(self.folder / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)

@@ -6,6 +6,8 @@ import logging
 import os
 from pathlib import Path
 
+from config.paths import private_dir
+
 _HANDLER_NAME = "mibyan-file"
 
 
@@ -29,7 +31,7 @@ def setup_logging(home: Path) -> None:
     if any(h.get_name() == _HANDLER_NAME for h in root.handlers):
         return
     folder = home / "logs"
-    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    private_dir(folder)
     path = folder / "mibyan.log"
     if not path.exists():
         os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))

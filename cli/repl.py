@@ -165,10 +165,10 @@ class Repl:
     # -- the prompt -----------------------------------------------------------------------------------
 
     def _session(self) -> PromptSession[str]:
-        from config.paths import mibyan_home
+        from config.paths import mibyan_home, private_dir
 
         home = mibyan_home()
-        home.mkdir(mode=0o700, parents=True, exist_ok=True)
+        private_dir(home)
         history_file = home / "history"
         if not history_file.exists():
             os.close(os.open(history_file, os.O_CREAT | os.O_WRONLY, 0o600))

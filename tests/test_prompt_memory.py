@@ -158,4 +158,6 @@ skills: {{embedding: {{provider: embedder, model: tiny-embed}}, threshold: 0.3}}
     chats = [seen.body for seen in server.requests if "messages" in seen.body]
     assert "[Skill: publishing]" in system_of(chats[0])
     assert "[Skill: publishing]" not in system_of(chats[1])
-    assert sum(1 for seen in server.requests if seen.path.endswith("/embeddings")) == 2  # skills embedded once
+    assert (
+        sum(1 for seen in server.requests if seen.path.endswith("/embeddings")) == 2
+    )  # skills embedded once

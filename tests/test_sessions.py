@@ -245,3 +245,13 @@ def test_continue_picks_the_most_recent_session(server: ScriptedServer, home: Pa
     done = run_cli("chat", *flag, "-q", "third", "--base-url", server.base_url, home=home)
     assert done.returncode == 0
     assert [m["content"] for m in server.requests[-1].body["messages"][1:]] == ["second", "two", "third"]
+
+
+def test_a_new_home_is_private_from_the_cli(server: ScriptedServer, tmp_path: Path) -> None:
+    server.add(Reply(text="hi"))
+    home = tmp_path / "brand" / "new-home"
+    done = run_cli("chat", "-q", "hello", "--base-url", server.base_url, home=home)
+    assert done.returncode == 0, done.stderr
+    for folder in (home, home / "logs"):
+        assert stat.S_IMODE(folder.stat().st_mode) == 0o700, folder
+    assert stat.S_IMODE((home / "state.db").stat().st_mode) == 0o600
