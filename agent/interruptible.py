@@ -89,10 +89,13 @@ def call_interruptibly(
     worker = threading.Thread(target=run, name=name, daemon=True)
     worker.start()
     signal.wait_until(lambda: outcome.done, timeout)
+    if signal.is_set():
+        # An interrupt wins even over a reply that completed in the same instant: the user asked to stop.
+        if not outcome.done:
+            on_abandon()
+        raise TurnInterrupted()
     if not outcome.done:
         on_abandon()
-        if signal.is_set():
-            raise TurnInterrupted()
         raise ProviderError(f"the model call took longer than {timeout:g} s", reason="timeout")
     if outcome.error is not None:
         raise outcome.error
