@@ -151,12 +151,15 @@ def new_session_id() -> str:
     return secrets.token_hex(5)
 
 
-def build_client(runtime: ProviderRuntime, settings: AgentSettings) -> Any:
-    """The SDK client for the runtime's API mode; the SDK is imported here, on first use."""
+def build_client(runtime: ProviderRuntime, settings: AgentSettings, transport: Any = None) -> Any:
+    """The SDK client for the runtime's API mode; the SDK is imported here, on first use.
+
+    `transport` (an AbortableTransport) lets the caller cut the client's connections from another thread.
+    """
     from agent.http_transport import AbortableTransport
 
     timeout = settings.agent.api_timeout
-    transport = AbortableTransport()
+    transport = transport or AbortableTransport()
     if runtime.api_mode == "anthropic_messages":
         import anthropic
 

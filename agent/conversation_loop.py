@@ -176,14 +176,7 @@ class ConversationLoopMixin:
         if not isinstance(usable, NormalizedResponse):
             return usable
         reply = usable
-        turn.history.append(
-            assistant_message(
-                reply.content,
-                tool_calls=reply.tool_calls,
-                reasoning=reply.reasoning,
-                provider_data=reply.provider_data,
-            )
-        )
+        turn.history.append(reply.as_message())
         step: NextStep = (
             self._execute_tool_calls(turn, reply.tool_calls)
             if reply.tool_calls

@@ -8,6 +8,7 @@ from agent.adapters.base import Adapter, CallHandle, NormalizedResponse, WireReq
 from agent.agent_init import ProviderRuntime, build_client
 from agent.callbacks import Callbacks, StreamRelay
 from agent.hooks import Hooks
+from agent.http_transport import AbortableTransport
 from agent.interruptible import InterruptSignal, call_interruptibly
 from agent.prompt_caching import apply_prompt_caching
 from agent.tokens import TokenEstimator
@@ -25,20 +26,21 @@ class ApiCallMixin:
     runtime: ProviderRuntime
     callbacks: Callbacks
     _signal: InterruptSignal
-    _client: Any
+    _client: tuple[Any, AbortableTransport] | None
     _adapter: Adapter
     hooks: Hooks
     _estimator: TokenEstimator
 
-    def _sdk_client(self) -> Any:
+    def _sdk_client(self) -> tuple[Any, AbortableTransport]:
         if self._client is None:
-            self._client = build_client(self.runtime, self.settings)
+            transport = AbortableTransport()
+            self._client = (build_client(self.runtime, self.settings, transport), transport)
         return self._client
 
-    def _abandon_call(self, handle: CallHandle, client: Any) -> None:
+    def _abandon_call(self, handle: CallHandle, client: tuple[Any, AbortableTransport]) -> None:
         # Cutting the connections stops the provider generating for nobody; the next call gets a new client.
         handle.abandoned = True
-        client._client._transport.abort()
+        client[1].abort()
         if self._client is client:
             self._client = None
 
@@ -60,13 +62,14 @@ class ApiCallMixin:
         body = apply_prompt_caching(body, self.runtime.api_mode)
         self.hooks.before_llm(request.messages, request.tools)
         client = self._sdk_client()
+        sdk = client[0]
         handle = CallHandle()
         relay = StreamRelay(self.callbacks, self._signal)
         relay.start()
         try:
             response = call_interruptibly(
                 lambda: self._adapter.send(
-                    client,
+                    sdk,
                     body,
                     stream=agent.stream,
                     events=relay,

@@ -40,14 +40,7 @@ class TruncationMixin:
             self.callbacks.emit(
                 "status_callback", "truncated", "a tool call was cut at the length limit; not run"
             )
-            turn.history.append(
-                assistant_message(
-                    reply.content,
-                    tool_calls=reply.tool_calls,
-                    reasoning=reply.reasoning,
-                    provider_data=reply.provider_data,
-                )
-            )
+            turn.history.append(reply.as_message())
             for call in reply.tool_calls:
                 turn.history.append(tool_message(call["id"], _CUT_CALL, name=call["function"]["name"]))
             return Continue()

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from agent.errors import ProviderError
-from agent.messages import Message
+from agent.messages import Message, assistant_message
 
 
 @dataclass
@@ -54,6 +54,15 @@ class NormalizedResponse:
     finish_reason: str = "stop"
     usage: Usage = field(default_factory=Usage)
     provider_data: dict[str, Any] | None = None
+
+    def as_message(self) -> Message:
+        """The reply as the assistant message the history keeps."""
+        return assistant_message(
+            self.content,
+            tool_calls=self.tool_calls,
+            reasoning=self.reasoning,
+            provider_data=self.provider_data,
+        )
 
 
 class StreamEvents(Protocol):
