@@ -276,7 +276,8 @@ class SessionStore:
         """BEGIN IMMEDIATE with retries and jitter while another process holds the write lock."""
         with self._lock:
             try:
-                self._retry_while_locked(lambda: self._db.execute("BEGIN IMMEDIATE"))
+                # The busy timeout waits 5 s per attempt; a few attempts give a clear error, not a hang.
+                self._retry_while_locked(lambda: self._db.execute("BEGIN IMMEDIATE"), attempts=3)
             except sqlite3.OperationalError as exc:
                 raise StoreError(f"{self.path}: {exc}") from None
             try:

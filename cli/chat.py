@@ -158,3 +158,7 @@ def run_chat(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         sys.stderr.write("\n")
         return EXIT_INTERRUPTED
+    except MibyanError as exc:  # the session store failed mid-turn (locked or unwritable database)
+        progress.end_answer()
+        sys.stderr.write(f"mibyan: {exc}\n")
+        return EXIT_ERROR

@@ -255,3 +255,20 @@ def test_a_new_home_is_private_from_the_cli(server: ScriptedServer, tmp_path: Pa
     for folder in (home, home / "logs"):
         assert stat.S_IMODE(folder.stat().st_mode) == 0o700, folder
     assert stat.S_IMODE((home / "state.db").stat().st_mode) == 0o600
+
+
+def test_a_locked_database_is_one_clear_error_not_a_hang(server: ScriptedServer, home: Path) -> None:
+    server.add(Reply(text="first"), Reply(text="second"))
+    assert run_cli("chat", "-q", "first", "--base-url", server.base_url, "-Q", home=home).returncode == 0
+    holder = sqlite3.connect(home / "state.db", isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        done = run_cli(
+            "chat", "-c", "-q", "second", "--base-url", server.base_url, "-Q", home=home, timeout=60
+        )
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert done.returncode in (1, 2)
+    assert done.stderr.strip().splitlines()[-1].endswith("database is locked")
+    assert "Traceback" not in done.stderr
