@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import inspect
 import re
+import types
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, get_type_hints
+from typing import TYPE_CHECKING, Any, Union, get_args, get_origin, get_type_hints
 
 from agent.adapters.base import ToolSchema
 
@@ -86,26 +87,55 @@ def _parse_docstring(doc: str) -> tuple[str, dict[str, str]]:
     return "\n".join(description).strip(), args
 
 
+_SIMPLE_TYPES: dict[Any, dict[str, Any]] = {
+    str: {"type": "string"},
+    int: {"type": "integer"},
+    float: {"type": "number"},
+    bool: {"type": "boolean"},
+}
+
+
+def type_schema(annotation: Any) -> dict[str, Any]:
+    """The JSON schema of a parameter type. The common types are mapped directly (building a pydantic
+    model per tool cost about 3 ms each at start-up); anything else goes through pydantic."""
+    if annotation in _SIMPLE_TYPES:
+        return dict(_SIMPLE_TYPES[annotation])
+    origin, args = get_origin(annotation), get_args(annotation)
+    if origin in (types.UnionType, Union) and type(None) in args:
+        rest = [a for a in args if a is not type(None)]
+        if len(rest) == 1:
+            return {"anyOf": [type_schema(rest[0]), {"type": "null"}]}
+    if origin is list and len(args) == 1:
+        return {"type": "array", "items": type_schema(args[0])}
+    if origin is dict and len(args) == 2 and args[0] is str:
+        return {"type": "object", "additionalProperties": type_schema(args[1])}
+    from pydantic import TypeAdapter
+
+    schema = TypeAdapter(annotation).json_schema()
+    schema.pop("title", None)
+    return schema
+
+
 def build_schema(fn: ToolHandler, name: str) -> ToolSchema:
     """The model-facing schema of `fn`, from its signature, type hints and docstring."""
-    from pydantic import Field, create_model
-
     description, arg_docs = _parse_docstring(fn.__doc__ or "")
     hints = get_type_hints(fn)
-    fields: dict[str, Any] = {}
+    properties: dict[str, Any] = {}
+    required: list[str] = []
     for param in inspect.signature(fn).parameters.values():
         if param.name == "task_id" or param.kind in (param.VAR_KEYWORD, param.VAR_POSITIONAL):
             continue
-        annotation = hints.get(param.name, str)
-        default = ... if param.default is inspect.Parameter.empty else param.default
-        fields[param.name] = (annotation, Field(default, description=arg_docs.get(param.name)))
-    model = create_model(f"{name}_args", **fields)
-    parameters = model.model_json_schema()
-    parameters.pop("title", None)
-    for prop in parameters.get("properties", {}).values():
-        prop.pop("title", None)
-    parameters.setdefault("properties", {})
-    parameters["additionalProperties"] = False
+        prop = type_schema(hints.get(param.name, str))
+        if param.name in arg_docs:
+            prop["description"] = arg_docs[param.name]
+        if param.default is inspect.Parameter.empty:
+            required.append(param.name)
+        else:
+            prop["default"] = param.default
+        properties[param.name] = prop
+    parameters: dict[str, Any] = {"type": "object", "properties": properties, "additionalProperties": False}
+    if required:
+        parameters["required"] = required
     return ToolSchema(name=name, description=description or name, parameters=parameters)
 
 
