@@ -1,10 +1,11 @@
 """Step 7 of the turn: prompt-caching markers for the API modes that take them.
 
 Chat Completions and Responses cache prefixes on their own, so their requests go out unchanged.
-Anthropic needs explicit `cache_control` breakpoints (at most 4). They go where they do not move as the
-history grows: the last tool, the system prompt, and the last block of the two newest user messages.
-The newest one is this turn's end; the one before was the previous turn's end, so the prefix the
-previous request wrote to the cache is read back now.
+Anthropic needs explicit `cache_control` breakpoints (at most 4). Two never move: the last tool and the
+system prompt. One moves with the conversation: the last block of the newest user message (a user turn
+or the newest tool results). The API also looks for cached prefixes at the block boundaries before a
+breakpoint, so the prefix the previous request wrote is read back, and no earlier marker has to be
+taken away: each request is the previous one, byte for byte, up to its breakpoint, plus what is new.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import copy
 from typing import Any
 
 _EPHEMERAL = {"type": "ephemeral"}
-_HISTORY_BREAKPOINTS = 2
+_HISTORY_BREAKPOINTS = 1
 
 
 def apply_prompt_caching(body: dict[str, Any], api_mode: str) -> dict[str, Any]:
