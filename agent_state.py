@@ -362,6 +362,12 @@ class SessionStore:
         rows = self._query("SELECT * FROM sessions ORDER BY updated_at DESC LIMIT ?", (limit,))
         return [dict(r) for r in rows]
 
+    def set_system_prompt(self, session_id: str, prompt: str) -> None:
+        with self._transaction() as db:
+            db.execute(
+                "UPDATE sessions SET system_prompt = ? WHERE id = ?", (mask_secrets(prompt), session_id)
+            )
+
     def rename(self, session_id: str, title: str) -> None:
         with self._transaction() as db:
             db.execute("UPDATE sessions SET title = ? WHERE id = ?", (title, session_id))

@@ -4,10 +4,13 @@ What is kept intact: the first user message (the task) and the newest `compressi
 messages (the boundary moves back so a tool call is never cut from its results). What goes: first the
 bulk of old tool outputs; if that is not enough, the middle is summarized by the auxiliary model with a
 structured prompt. If summarizing fails, a deterministic summary says plainly that details were dropped.
-The result always obeys the message rules.
+The result always obeys the message rules. The summary also lists facts worth keeping beyond the
+session; the agent stores them (the memory flush) before the summarized messages leave the context.
 """
 
 from __future__ import annotations
+
+import re
 
 from agent.adapters.base import ToolSchema
 from agent.context_engine import CompressionResult, ContextEngine
@@ -30,6 +33,9 @@ SUMMARY_PROMPT = """Summarize the conversation excerpt below under these heading
 ## Files touched
 ## Current state
 ## Pending work
+## Facts to remember
+(durable facts worth keeping beyond this session - about the user, the project, decisions - one per
+line starting with "- "; write "none" if there are none)
 
 Excerpt ({count} messages):
 
@@ -37,6 +43,17 @@ Excerpt ({count} messages):
 
 _SUMMARY_HEADER = "[Summary of {count} earlier messages, compressed to fit the context window]\n\n"
 _AFTER_SUMMARY = "[The conversation continues after the summary above.]"
+
+
+def facts_in(summary: str) -> list[str]:
+    """The lines of the summary's "Facts to remember" section."""
+    match = re.search(r"^#+\s*Facts to remember\s*$(.*?)(?=^#+\s|\Z)", summary, re.M | re.S | re.I)
+    if not match:
+        return []
+    facts = [line.strip().lstrip("-*• ").strip() for line in match.group(1).splitlines()]
+    return [
+        fact for fact in facts if fact and fact.lower().rstrip(".") != "none" and not fact.startswith("(")
+    ]
 
 
 def render_excerpt(messages: list[Message]) -> str:
@@ -121,7 +138,13 @@ class ContextCompressor(ContextEngine):
         compressed.extend(messages[tail:])
         after = self.estimator.estimate(compressed, system_prompt, tools)
         return CompressionResult(
-            compressed, before, after, summarized=len(middle), pruned=0, summary_failed=failed
+            compressed,
+            before,
+            after,
+            summarized=len(middle),
+            pruned=0,
+            summary_failed=failed,
+            facts=[] if failed else facts_in(summary),
         )
 
     @staticmethod

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from agent.adapters.base import ToolSchema
 from agent.hooks import import_callable
@@ -30,6 +30,7 @@ class CompressionResult:
     summarized: int
     pruned: int
     summary_failed: bool = False
+    facts: list[str] = field(default_factory=list)  # to store before the summarized messages leave
 
     def describe(self) -> str:
         parts = [f"{self.tokens_before:,} → {self.tokens_after:,} tokens"]
@@ -37,6 +38,8 @@ class CompressionResult:
             parts.append(f"summarized {self.summarized} messages")
         if self.pruned:
             parts.append(f"pruned {self.pruned} old tool outputs")
+        if self.facts:
+            parts.append(f"kept {len(self.facts)} facts in memory")
         if self.summary_failed:
             parts.append("the summarizer failed, so details were dropped")
         return "; ".join(parts)

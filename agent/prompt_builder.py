@@ -55,6 +55,8 @@ class PromptBuilderMixin:
     """Builds the system prompt once per session, and the per-message context layers."""
 
     _system_prompt: str | None
+    _custom_prompt: bool
+    session_id: str
     home: Path
     store: SessionStore
     _skill_matcher: SemanticMatcher | None
@@ -62,6 +64,16 @@ class PromptBuilderMixin:
     def _session_system_prompt(self) -> str:
         if self._system_prompt is None:
             self._system_prompt = self._build_system_prompt()
+        return self._system_prompt
+
+    def reload_prompt(self) -> str:
+        """Rebuild the system prompt now (after a change to SOUL.md, the memory files or the skills).
+
+        The new prompt is stored with the session, so a resume gets it too.
+        """
+        self._system_prompt = self._build_system_prompt()
+        self._custom_prompt = False
+        self.store.set_system_prompt(self.session_id, self._system_prompt)
         return self._system_prompt
 
     def _skills(self) -> list[Skill]:

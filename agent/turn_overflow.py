@@ -78,6 +78,8 @@ class OverflowMixin:
         if problems:  # an engine's bug must never reach the history
             self.callbacks.emit("status_callback", "compression_failed", "; ".join(problems))
             return None
+        for fact in result.facts:  # the memory flush: what must outlive the dropped messages
+            self.store.add_fact(fact)
         parent = self.session_id
         if not self._custom_prompt:
             self._system_prompt = None  # rebuilt for the child: memory written meanwhile gets in

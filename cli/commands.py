@@ -103,6 +103,12 @@ def _compress(repl: Repl, argument: str) -> None:
     repl.say(repl.agent.compress()["report"])
 
 
+@command("reload", "/reload", "rebuild the system prompt (after editing SOUL.md, memory or skills)")
+def _reload(repl: Repl, argument: str) -> None:
+    prompt = repl.agent.reload_prompt()
+    repl.say(f"system prompt rebuilt ({len(prompt):,} characters)")
+
+
 @command("usage", "/usage", "tokens used in this chat")
 def _usage(repl: Repl, argument: str) -> None:
     repl.say(repl.renderer.footer(repl.usage, repl.agent.runtime.model).strip())

@@ -55,7 +55,10 @@ def test_a_long_conversation_is_compressed_and_completes(
 
     def script(body: dict) -> Reply:
         if is_summary_request(body):
-            return Reply(text="## Goal\nAudit the modules.\n## Current state\n99 modules read, all fine.")
+            return Reply(
+                text="## Goal\nAudit the modules.\n## Current state\n99 modules read, all fine.\n"
+                "## Facts to remember\n- The project keeps its modules in src/.\n"
+            )
         tools = sum(1 for m in body["messages"] if m["role"] == "tool")
         return Reply(text="Audit complete.") if tools >= 24 else Reply(tool_calls=[("list_directory", {})])
 
@@ -85,6 +88,7 @@ def test_a_long_conversation_is_compressed_and_completes(
     assert store.get_session(original_session)["end_reason"] == "compressed"
     assert store.search("module_42")[0]["session_id"] == original_session
     assert make_agent(session_id=original_session).session_id == child
+    assert store.relevant_facts("where are the modules kept?") == ["The project keeps its modules in src/."]
 
 
 def test_a_failing_summarizer_still_leaves_a_valid_history(

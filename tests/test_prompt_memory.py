@@ -161,3 +161,19 @@ skills: {{embedding: {{provider: embedder, model: tiny-embed}}, threshold: 0.3}}
     assert (
         sum(1 for seen in server.requests if seen.path.endswith("/embeddings")) == 2
     )  # skills embedded once
+
+
+def test_reload_applies_a_memory_change_within_the_session(
+    server: ScriptedServer, make_agent, home: Path
+) -> None:
+    server.default = lambda body: Reply(text="ok")
+    agent = make_agent()
+    agent.chat("one")
+    MemoryStore(home).change("memory", "add", "Releases go out on Tuesdays.")
+    agent.chat("two")
+    agent.reload_prompt()
+    agent.chat("three")
+    prompts = [system_of(s.body) for s in server.requests]
+    assert "Tuesdays" not in prompts[1] and "Tuesdays" in prompts[2]
+    resumed = make_agent(session_id=agent.session_id)
+    assert "Tuesdays" in resumed._session_system_prompt()
