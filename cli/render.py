@@ -147,7 +147,9 @@ class Renderer:
     def footer(usage: dict[str, int], model: str) -> str:
         line = f"  {usage['input_tokens']:,} in · {usage['output_tokens']:,} out"
         if usage.get("cache_read_tokens"):
-            line += f" · {usage['cache_read_tokens']:,} cached"
+            line += f" · {usage['cache_read_tokens']:,} read from cache"
+        if usage.get("cache_write_tokens"):
+            line += f" · {usage['cache_write_tokens']:,} written to cache"
         price = price_of(model)
         if price is not None:
             cost = (usage["input_tokens"] * price[0] + usage["output_tokens"] * price[1]) / 1_000_000

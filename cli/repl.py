@@ -69,7 +69,7 @@ class Repl:
         self._error: BaseException | None = None
         self._ready = threading.Event()
         self._last_interrupt = 0.0
-        self.usage = {"input_tokens": 0, "output_tokens": 0, "cache_read_tokens": 0}
+        self.usage = {"input_tokens": 0, "output_tokens": 0, "cache_read_tokens": 0, "cache_write_tokens": 0}
 
     # -- the agent, loaded behind the prompt --------------------------------------------------------
 

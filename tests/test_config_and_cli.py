@@ -135,3 +135,19 @@ def test_the_log_file_is_private_and_masks_keys(home) -> None:
     assert stat.S_IMODE(log.stat().st_mode) == 0o600
     text = log.read_text()
     assert "calling with key sk-pro" in text and "Zz9Zz9Zz9" not in text
+
+
+def test_the_chat_footer_shows_tokens_cache_and_cost() -> None:
+    from cli.render import Renderer
+
+    usage = {
+        "input_tokens": 1_000_000,
+        "output_tokens": 100_000,
+        "cache_read_tokens": 800_000,
+        "cache_write_tokens": 5_000,
+    }
+    line = Renderer.footer(usage, "gpt-4o-mini")
+    assert line.strip() == (
+        "1,000,000 in · 100,000 out · 800,000 read from cache · 5,000 written to cache · $0.2100"
+    )
+    assert "$" not in Renderer.footer(usage, "some-local-model")
