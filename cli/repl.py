@@ -9,6 +9,7 @@ or /exit leaves with 0.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import signal
 import sys
@@ -24,7 +25,7 @@ from prompt_toolkit.history import FileHistory
 from prompt_toolkit.key_binding import KeyBindings
 
 from cli.commands import COMMANDS, completions, dispatch
-from cli.main import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
+from cli.main import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -69,6 +70,7 @@ class Repl:
         self._error: BaseException | None = None
         self._ready = threading.Event()
         self._last_interrupt = 0.0
+        self._prompt_session: PromptSession[str] | None = None
         self.usage = {"input_tokens": 0, "output_tokens": 0, "cache_read_tokens": 0, "cache_write_tokens": 0}
 
     # -- the agent, loaded behind the prompt --------------------------------------------------------
@@ -86,8 +88,16 @@ class Repl:
             self._agent = self._build_agent(self._session_id, self.args.model)
         except BaseException as exc:  # reported on the main thread, as one line
             self._error = exc
+            self._stop_prompt()
         finally:
             self._ready.set()
+
+    def _stop_prompt(self) -> None:
+        """End the prompt the person is typing at, so a failed start-up is reported at once."""
+        app = self._prompt_session.app if self._prompt_session is not None else None
+        loop = getattr(app, "loop", None)
+        if app is not None and app.is_running and loop is not None:
+            loop.call_soon_threadsafe(lambda: app.exit(exception=EOFError()) if app.is_running else None)
 
     def _build_agent(self, session_id: str | None, model: str | None) -> AIAgent:
         from cli.chat import make_agent
@@ -186,13 +196,15 @@ class Repl:
         )
 
     def loop(self) -> int:
-        session = self._session()
+        session = self._prompt_session = self._session()
         if self._session_id is not None:
             self.show_last_exchange()
         while True:
             try:
                 text = session.prompt(PROMPT, pre_run=self.start_loading).strip()
             except EOFError:
+                if self._error is not None:
+                    raise self._error from None
                 return EXIT_OK
             except KeyboardInterrupt:
                 now = time.monotonic()
@@ -221,3 +233,7 @@ def run_repl(args: argparse.Namespace, session_id: str | None) -> int:
         return EXIT_USAGE
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
+    except Exception as exc:  # the last boundary: one line for the person, the details in the log
+        logging.getLogger("mibyan.cli").exception("the chat failed")
+        sys.stderr.write(f"mibyan: internal error: {exc} (details in the log)\n")
+        return EXIT_ERROR

@@ -24,7 +24,9 @@ class Terminal:
     def __init__(self, command: list[str], env: dict[str, str]) -> None:
         self.socket = f"mibyan-test-{uuid.uuid4().hex[:8]}"
         line = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()) + " " + shlex.join(command)
-        self._tmux("new-session", "-d", "-s", "chat", "-x", "110", "-y", "45", f"env {line}; sleep 30")
+        self._tmux(
+            "new-session", "-d", "-s", "chat", "-x", "110", "-y", "45", f"env {line}; echo EXIT=$?; sleep 30"
+        )
 
     def _tmux(self, *args: str) -> str:
         return subprocess.run(
@@ -120,3 +122,15 @@ def test_a_denied_command_does_not_run(server: ScriptedServer, chat: Terminal, t
     assert victim.exists()
     tool = next(m for m in server.requests[-1].body["messages"] if m["role"] == "tool")
     assert tool["content"].startswith("denied by user")
+
+
+def test_a_broken_config_ends_the_chat_at_once_with_one_line(server: ScriptedServer, home: Path) -> None:
+    (home / "config.yaml").write_text("agent:\n  colour: blue\n")
+    env = {"MIBYAN_HOME": str(home), "PYTHONPATH": str(ROOT), "TERM": "xterm-256color"}
+    terminal = Terminal([sys.executable, "-m", "cli.main", "chat", "--base-url", server.base_url], env)
+    try:
+        screen = terminal.wait_for("EXIT=")
+    finally:
+        terminal.close()
+    assert "agent.colour: unknown key" in screen.replace("\n", "")  # the terminal wraps the long line
+    assert "EXIT=2" in screen and "Traceback" not in screen
