@@ -7,6 +7,7 @@ output that is not a terminal get plain text.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -17,6 +18,8 @@ from rich.spinner import Spinner
 from rich.text import Text
 
 from cli.progress import preview_arguments
+
+_REPARSE_EVERY = 0.1
 
 #: Dollars per million tokens (input, output) for models whose price is known.
 PRICES: dict[str, tuple[float, float]] = {
@@ -44,6 +47,7 @@ class Renderer:
         self.console = console or Console(highlight=False)
         self.show_reasoning = True
         self._answer: list[str] = []
+        self._parsed_at = 0.0
         self._live: Live | None = None
         self._running: list[tuple[str, Spinner]] = []
         self._tools_live: Live | None = None
@@ -67,7 +71,12 @@ class Renderer:
             if self._live is None:
                 self._live = Live(Markdown(""), console=self.console, refresh_per_second=12, transient=False)
                 self._live.start()
-            self._live.update(Markdown("".join(self._answer)))
+            # Parsing the whole answer as Markdown on every token would cost O(n²) on a long answer:
+            # re-parse at most every _REPARSE_EVERY seconds, and once more when the answer ends.
+            now = time.monotonic()
+            if now - self._parsed_at >= _REPARSE_EVERY:
+                self._parsed_at = now
+                self._live.update(Markdown("".join(self._answer)))
 
     def on_reasoning(self, text: str) -> None:
         if self.show_reasoning:
@@ -76,8 +85,10 @@ class Renderer:
 
     def _close_answer(self) -> None:
         if self._live is not None:
+            self._live.update(Markdown("".join(self._answer)))
             self._live.stop()
             self._live = None
+        self._parsed_at = 0.0
 
     def on_tool(self, phase: str, name: str, detail: dict[str, Any]) -> None:
         """One line per tool call: a spinner while it runs, then its status and duration."""

@@ -151,3 +151,17 @@ def test_the_chat_footer_shows_tokens_cache_and_cost() -> None:
         "1,000,000 in · 100,000 out · 800,000 read from cache · 5,000 written to cache · $0.2100"
     )
     assert "$" not in Renderer.footer(usage, "some-local-model")
+
+
+def test_a_streamed_answer_is_rendered_whole_when_it_ends() -> None:
+    import io
+
+    from rich.console import Console
+
+    from cli.render import Renderer
+
+    renderer = Renderer(Console(file=io.StringIO(), width=100, force_terminal=False))
+    for i in range(500):
+        renderer.on_delta(f"word{i} ")
+    renderer.end_turn({"final_response": "x", "usage": {"input_tokens": 1, "output_tokens": 1}}, "m")
+    assert "word499" in renderer.console.file.getvalue()  # the last pieces came after the last re-parse
