@@ -10,7 +10,7 @@ from recorded import Collect, Interaction, Replay, load_cassette
 from agent.adapters.anthropic_messages import AnthropicMessagesAdapter
 from agent.adapters.base import CallHandle, ToolSchema, WireRequest
 from agent.adapters.codex_responses import CodexResponsesAdapter
-from agent.messages import assistant_message, tool_message, user_message
+from agent.messages import tool_message, user_message
 from agent.turn_api_error import classify_error
 
 
@@ -30,15 +30,6 @@ def schemas(tools: list[dict]) -> list[ToolSchema]:
         ToolSchema(t["name"], t.get("description", ""), t.get("input_schema") or t.get("parameters") or {})
         for t in tools
     ]
-
-
-def from_reply(reply) -> dict:
-    return assistant_message(
-        reply.content,
-        tool_calls=reply.tool_calls,
-        reasoning=reply.reasoning,
-        provider_data=reply.provider_data,
-    )
 
 
 # -- Anthropic Messages ------------------------------------------------------------------------------
@@ -62,7 +53,7 @@ def test_anthropic_thinking_signature_is_replayed_unchanged() -> None:
 
     history = [
         user_message(first.request_body["messages"][0]["content"][0]["text"]),
-        from_reply(reply),
+        reply.as_message(),
         tool_message(reply.tool_calls[0]["id"], recorded_result["content"]),
     ]
     body = adapter.build_request(
@@ -127,7 +118,7 @@ def test_responses_tool_use_round_trip(cassette: str) -> None:
 
     history = [
         user_message(first.request_body["input"][0]["content"]),
-        from_reply(reply),
+        reply.as_message(),
         tool_message(reply.tool_calls[0]["id"], "2869461"),
     ]
     body = adapter.build_request(
@@ -192,7 +183,7 @@ def test_responses_interleaved_reasoning_is_sent_back_in_order_unchanged() -> No
                         and ours["id"] == theirs["id"]
                     )
         reply = send(adapter, replay.openai_client(), body)
-        history.append(from_reply(reply))
+        history.append(reply.as_message())
         outputs = turns[index + 1].request_body["input"] if index + 1 < len(turns) else []
         results = {i["call_id"]: i["output"] for i in outputs if i.get("type") == "function_call_output"}
         history.extend(tool_message(c["id"], results.get(c["id"], "?")) for c in reply.tool_calls)
