@@ -15,7 +15,6 @@ from agent.errors import ConfigError
 from config.loader import (
     API_MODES,
     AgentSettings,
-    FallbackSettings,
     ProviderSettings,
     load_settings,
     mibyan_home,
@@ -194,18 +193,6 @@ def adapter_for(api_mode: str, settings: AgentSettings) -> Adapter:
     from agent.adapters.chat_completions import ChatCompletionsAdapter
 
     return ChatCompletionsAdapter()
-
-
-__all__ = [
-    "FallbackSettings",
-    "ProviderRuntime",
-    "adapter_for",
-    "build_client",
-    "new_session_id",
-    "resolve_api_mode",
-    "resolve_runtime",
-    "settings_overrides",
-]
 
 
 def init_agent(

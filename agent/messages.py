@@ -147,11 +147,6 @@ class History:
     def __len__(self) -> int:
         return len(self._messages)
 
-    @property
-    def pending_tool_calls(self) -> list[str]:
-        """Ids of tool calls of the last assistant message that have no result yet, in order."""
-        return list(self._expected)
-
     def _recount_expected(self) -> None:
         self._expected.clear()
         for index in range(len(self._messages) - 1, -1, -1):

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any
 
 from agent.adapters.base import ToolSchema
 from agent.messages import Message
@@ -84,11 +83,3 @@ class TokenEstimator:
             return
         observed = min(max(reported_input_tokens / raw_estimate, 0.25), 4.0)
         self.factor = 0.5 * self.factor + 0.5 * observed
-
-
-def message_tokens(message: Message) -> int:
-    return int(_message_chars(message) / _CHARS_PER_TOKEN) + _MESSAGE_OVERHEAD
-
-
-def describe(value: Any) -> str:
-    return f"{value:,}"

@@ -35,11 +35,12 @@ class IterationPrepMixin:
         self._compress_if_needed(turn, self.settings.compression.threshold, "preflight")
         for note in turn.history.repair():
             self.callbacks.emit("status_callback", "repaired", note)
+        # One pass over the history per iteration: it sizes the context-pressure note and calibrates.
+        turn.request_estimate = self._estimator.raw_estimate(
+            turn.history.messages, turn.system_prompt, self._tool_schemas
+        )
         layers = self._ephemeral_layers(turn)
         system_prompt = "\n\n".join([turn.system_prompt, *layers]) if layers else turn.system_prompt
-        turn.request_estimate = self._estimator.raw_estimate(
-            turn.history.messages, system_prompt, self._tool_schemas
-        )
         return PreparedRequest(
             system_prompt=system_prompt, messages=turn.history.messages, tools=self._tool_schemas
         )
@@ -47,10 +48,7 @@ class IterationPrepMixin:
     def _ephemeral_layers(self, turn: TurnState) -> list[str]:
         """Notes sent with this request only, never stored: budget warnings and context pressure."""
         layers = [*turn.message_layers, *self._budget_layers()]
-        share = (
-            self._estimator.estimate(turn.history.messages, turn.system_prompt, self._tool_schemas)
-            / self._window
-        )
+        share = turn.request_estimate * self._estimator.factor / self._window
         if share >= _PRESSURE:
             layers.append(
                 f"[Context: about {share:.0%} of the model's context window is in use. Keep tool "

@@ -86,9 +86,6 @@ class _InterruptHandler:
         self._pressed = True
         self._agent.interrupt()
 
-    def reset(self) -> None:
-        self._pressed = False
-
 
 def _one_shot(agent: AIAgent, prompt: str, args: argparse.Namespace, progress: Progress) -> int:
     handler = _InterruptHandler(agent)

@@ -67,6 +67,3 @@ class Progress:
     def on_status(self, kind: str, message: str) -> None:
         if kind != "interrupted":
             self._note(f"  · {message}")
-
-    def reset(self) -> None:
-        self.streamed_answer = False

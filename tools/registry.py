@@ -193,7 +193,3 @@ def select_tools(
         and (not allowed or spec.name in allowed)
         and spec.name not in denied
     ]
-
-
-def all_toolsets() -> list[str]:
-    return sorted({spec.toolset for spec in _REGISTRY.values()})
