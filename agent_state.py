@@ -20,8 +20,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from agent.errors import MibyanError
-from config.paths import private_dir
+from mibyan.agent.errors import MibyanError
+from mibyan.config.paths import private_dir
 
 Message = dict[str, Any]
 

@@ -11,10 +11,10 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
-from agent.adapters.base import ToolSchema
-from agent.errors import ToolError
-from tools import builtin  # noqa: F401  (registers the built-in tools)
-from tools.registry import ToolSpec, get_tool, select_tools
+from mibyan.agent.adapters.base import ToolSchema
+from mibyan.agent.errors import ToolError
+from mibyan.tools import builtin  # noqa: F401  (registers the built-in tools)
+from mibyan.tools.registry import ToolSpec, get_tool, select_tools
 
 log = logging.getLogger("mibyan.tools")
 

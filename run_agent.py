@@ -5,16 +5,16 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from agent.agent_init import init_agent
-from agent.conversation_loop import ConversationLoopMixin
-from agent.prompt_builder import PromptBuilderMixin
-from agent.tool_executor import ToolExecutorMixin
-from agent.turn_api_call import ApiCallMixin
-from agent.turn_api_error import ApiErrorMixin
-from agent.turn_iteration_prep import IterationPrepMixin
-from agent.turn_overflow import OverflowMixin
-from agent.turn_recovery import RecoveryMixin
-from agent.turn_truncation import TruncationMixin
+from mibyan.agent.agent_init import init_agent
+from mibyan.agent.conversation_loop import ConversationLoopMixin
+from mibyan.agent.prompt_builder import PromptBuilderMixin
+from mibyan.agent.tool_executor import ToolExecutorMixin
+from mibyan.agent.turn_api_call import ApiCallMixin
+from mibyan.agent.turn_api_error import ApiErrorMixin
+from mibyan.agent.turn_iteration_prep import IterationPrepMixin
+from mibyan.agent.turn_overflow import OverflowMixin
+from mibyan.agent.turn_recovery import RecoveryMixin
+from mibyan.agent.turn_truncation import TruncationMixin
 
 __all__ = ["AIAgent"]
 

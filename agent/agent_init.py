@@ -11,18 +11,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
-from agent.errors import ConfigError
-from config.loader import (
+from mibyan.agent.errors import ConfigError
+from mibyan.config.loader import (
     API_MODES,
     AgentSettings,
     ProviderSettings,
     load_settings,
     mibyan_home,
 )
-from config.paths import private_dir
+from mibyan.config.paths import private_dir
 
 if TYPE_CHECKING:
-    from agent.adapters.base import Adapter
+    from mibyan.agent.adapters.base import Adapter
 
 _LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1", "0.0.0.0"})
 
@@ -155,7 +155,7 @@ def build_client(runtime: ProviderRuntime, settings: AgentSettings, transport: A
 
     `transport` (an AbortableTransport) lets the caller cut the client's connections from another thread.
     """
-    from agent.http_transport import AbortableTransport
+    from mibyan.agent.http_transport import AbortableTransport
 
     timeout = settings.agent.api_timeout
     transport = transport or AbortableTransport()
@@ -183,14 +183,14 @@ def build_client(runtime: ProviderRuntime, settings: AgentSettings, transport: A
 def adapter_for(api_mode: str, settings: AgentSettings) -> Adapter:
     """The adapter of an API mode (imported on use: each pulls in only what its mode needs)."""
     if api_mode == "anthropic_messages":
-        from agent.adapters.anthropic_messages import AnthropicMessagesAdapter
+        from mibyan.agent.adapters.anthropic_messages import AnthropicMessagesAdapter
 
         return AnthropicMessagesAdapter(thinking_budget=settings.agent.thinking_budget)
     if api_mode == "codex_responses":
-        from agent.adapters.codex_responses import CodexResponsesAdapter
+        from mibyan.agent.adapters.codex_responses import CodexResponsesAdapter
 
         return CodexResponsesAdapter()
-    from agent.adapters.chat_completions import ChatCompletionsAdapter
+    from mibyan.agent.adapters.chat_completions import ChatCompletionsAdapter
 
     return ChatCompletionsAdapter()
 
@@ -215,13 +215,13 @@ def init_agent(
     callbacks: dict[str, Any],
 ) -> None:
     """Wire a new AIAgent: settings, provider runtime, adapter, tools, callbacks and session."""
-    from agent.callbacks import Callbacks
-    from agent.context_engine import load_engine
-    from agent.hooks import Hooks
-    from agent.interruptible import InterruptSignal
-    from agent.tokens import TokenEstimator, context_window_for
+    from mibyan.agent.callbacks import Callbacks
+    from mibyan.agent.context_engine import load_engine
+    from mibyan.agent.hooks import Hooks
+    from mibyan.agent.interruptible import InterruptSignal
+    from mibyan.agent.tokens import TokenEstimator, context_window_for
+    from mibyan.tools.approval import ApprovalPolicy
     from model_tools import get_tool_definitions
-    from tools.approval import ApprovalPolicy
 
     agent.callbacks = Callbacks.from_kwargs(callbacks)
     overrides = settings_overrides(
@@ -303,7 +303,7 @@ def make_skill_matcher(settings: AgentSettings) -> Any:
     embedding = settings.skills.embedding
     if embedding is None:
         return None
-    from agent.skills import SemanticMatcher
+    from mibyan.agent.skills import SemanticMatcher
 
     runtime = resolve_runtime(
         settings,
@@ -329,7 +329,7 @@ def make_summarizer(agent: Any) -> Any:
     """The compression summarizer: the `compression` side task through the auxiliary client."""
 
     def summarize(system_prompt: str, prompt: str) -> str:
-        from agent.auxiliary_client import AuxiliaryClient
+        from mibyan.agent.auxiliary_client import AuxiliaryClient
 
         return AuxiliaryClient(agent.settings, agent.runtime, "compression").complete(system_prompt, prompt)
 
@@ -342,8 +342,8 @@ def open_session(agent: Any, session_id: str | None, *, source: str) -> None:
     A resumed session gets its stored system prompt back (so the provider's prompt cache stays warm)
     and its history repaired if an interrupt or crash left it broken; the repair is stored too.
     """
-    from agent.messages import History
     from agent_state import SessionSink, SessionStore
+    from mibyan.agent.messages import History
 
     store = SessionStore.open(agent.home)
     agent.store = store

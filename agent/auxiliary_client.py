@@ -11,11 +11,11 @@ import logging
 import os
 from typing import Any
 
-from agent.adapters.base import CallHandle, NormalizedResponse, WireRequest
-from agent.agent_init import ProviderRuntime, adapter_for, build_client, resolve_runtime
-from agent.errors import ConfigError, ProviderError
-from agent.messages import user_message
-from config.loader import AgentSettings
+from mibyan.agent.adapters.base import CallHandle, NormalizedResponse, WireRequest
+from mibyan.agent.agent_init import ProviderRuntime, adapter_for, build_client, resolve_runtime
+from mibyan.agent.errors import ConfigError, ProviderError
+from mibyan.agent.messages import user_message
+from mibyan.config.loader import AgentSettings
 
 log = logging.getLogger("mibyan.auxiliary")
 

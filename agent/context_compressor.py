@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import re
 
-from agent.adapters.base import ToolSchema
-from agent.context_engine import CompressionResult, ContextEngine
-from agent.messages import Message, assistant_message, user_message
+from mibyan.agent.adapters.base import ToolSchema
+from mibyan.agent.context_engine import CompressionResult, ContextEngine
+from mibyan.agent.messages import Message, assistant_message, user_message
 
 _PRUNE_ABOVE = 600  # characters: tool outputs longer than this are pruned first
 _RESULT_IN_PROMPT = 1500

@@ -11,11 +11,11 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from agent.adapters.base import ToolSchema
-from agent.hooks import import_callable
-from agent.messages import Message
-from agent.tokens import TokenEstimator
-from config.loader import AgentSettings
+from mibyan.agent.adapters.base import ToolSchema
+from mibyan.agent.hooks import import_callable
+from mibyan.agent.messages import Message
+from mibyan.agent.tokens import TokenEstimator
+from mibyan.config.loader import AgentSettings
 
 Summarize = Callable[[str, str], str]
 
@@ -89,13 +89,13 @@ def load_engine(
     if not settings.compression.enabled:
         return None
     if settings.compression.engine == "default":
-        from agent.context_compressor import ContextCompressor
+        from mibyan.agent.context_compressor import ContextCompressor
 
         return ContextCompressor(settings, window, estimator, summarize)
     engine_class = import_callable(settings.compression.engine)
     engine = engine_class(settings, window, estimator, summarize)
     if not isinstance(engine, ContextEngine):
-        from agent.errors import ConfigError
+        from mibyan.agent.errors import ConfigError
 
         raise ConfigError(f"compression.engine: {settings.compression.engine} is not a ContextEngine")
     return engine

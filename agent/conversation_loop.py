@@ -7,14 +7,15 @@ import uuid
 from collections.abc import Callable
 from typing import Any, assert_never
 
-from agent.adapters.base import NormalizedResponse, ToolSchema
-from agent.budget import IterationBudget
-from agent.callbacks import Callbacks
-from agent.errors import ProviderError
-from agent.interruptible import InterruptSignal
-from agent.messages import History, Message, MessageSink, assistant_message, user_message
-from agent.turn_api_error import failover_cause
-from agent.turn_state import (
+from agent_state import SessionStore
+from mibyan.agent.adapters.base import NormalizedResponse, ToolSchema
+from mibyan.agent.budget import IterationBudget
+from mibyan.agent.callbacks import Callbacks
+from mibyan.agent.errors import ProviderError
+from mibyan.agent.interruptible import InterruptSignal
+from mibyan.agent.messages import History, Message, MessageSink, assistant_message, user_message
+from mibyan.agent.turn_api_error import failover_cause
+from mibyan.agent.turn_state import (
     BudgetExhausted,
     Continue,
     Failed,
@@ -24,8 +25,7 @@ from agent.turn_state import (
     PreparedRequest,
     TurnState,
 )
-from agent_state import SessionStore
-from config.loader import AgentSettings
+from mibyan.config.loader import AgentSettings
 
 _SUMMARY_REQUEST = (
     "[You have used all {limit} model calls this task may make, so no more tools can run. "

@@ -11,7 +11,7 @@ import threading
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
-from agent.errors import ProviderError, TurnInterrupted
+from mibyan.agent.errors import ProviderError, TurnInterrupted
 
 T = TypeVar("T")
 

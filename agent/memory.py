@@ -14,9 +14,9 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from agent.errors import ToolError
 from agent_state import mask_secrets
-from config.paths import private_dir
+from mibyan.agent.errors import ToolError
+from mibyan.config.paths import private_dir
 
 LIMITS = {"memory": 2200, "user": 1375}
 FILES = {"memory": "MEMORY.md", "user": "USER.md"}

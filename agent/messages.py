@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Any, Protocol
 
-from agent.errors import MibyanError
+from mibyan.agent.errors import MibyanError
 
 Message = dict[str, Any]
 

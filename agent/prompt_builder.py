@@ -14,9 +14,9 @@ import platform
 from datetime import date
 from pathlib import Path
 
-from agent.memory import MemoryStore
-from agent.skills import SemanticMatcher, Skill, discover_skills, match_skills, skills_index
 from agent_state import SessionStore
+from mibyan.agent.memory import MemoryStore
+from mibyan.agent.skills import SemanticMatcher, Skill, discover_skills, match_skills, skills_index
 
 DEFAULT_PERSONA = """You are mibyan, a capable software engineering agent working in the user's terminal.
 You help by reading and changing files and running tools. Be direct and accurate; say what you did."""

@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from agent.adapters.base import ToolSchema
-from agent.messages import Message
+from mibyan.agent.adapters.base import ToolSchema
+from mibyan.agent.messages import Message
 
 _CHARS_PER_TOKEN = 4.0
 _MESSAGE_OVERHEAD = 4

@@ -21,22 +21,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agent.adapters.base import Usage
-from agent.callbacks import Callbacks
-from agent.errors import ToolError
-from agent.hooks import Hooks
-from agent.interruptible import InterruptSignal
-from agent.messages import INTERRUPTED_RESULT, tool_message
-from agent.turn_state import Continue, Interrupted, TurnState
 from agent_state import SessionStore
-from config.loader import AgentSettings
+from mibyan.agent.adapters.base import Usage
+from mibyan.agent.callbacks import Callbacks
+from mibyan.agent.errors import ToolError
+from mibyan.agent.hooks import Hooks
+from mibyan.agent.interruptible import InterruptSignal
+from mibyan.agent.messages import INTERRUPTED_RESULT, tool_message
+from mibyan.agent.turn_state import Continue, Interrupted, TurnState
+from mibyan.config.loader import AgentSettings
+from mibyan.tools import context
+from mibyan.tools.approval import ApprovalPolicy
+from mibyan.tools.memory_tools import apply_memory, list_skills, view_skill
+from mibyan.tools.registry import ToolSpec, get_tool
+from mibyan.tools.session_tools import search_sessions
+from mibyan.tools.todo import apply_todo
 from model_tools import check_arguments, parse_arguments, run_tool
-from tools import context
-from tools.approval import ApprovalPolicy
-from tools.memory_tools import apply_memory, list_skills, view_skill
-from tools.registry import ToolSpec, get_tool
-from tools.session_tools import search_sessions
-from tools.todo import apply_todo
 
 _PREVIEW_CHARS = 200
 #: After an interrupt, how long running tools get to stop (kill their processes) before the turn returns.
@@ -118,7 +118,7 @@ class ToolExecutorMixin:
         return apply_todo(self.store, self.session_id, args)
 
     def _delegate(self, args: dict[str, Any], turn: TurnState) -> str:
-        from tools.delegation import run_delegation
+        from mibyan.tools.delegation import run_delegation
 
         def add_usage(usage: dict[str, int]) -> None:
             with turn.lock:

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from agent.adapters.base import Adapter, CallHandle, NormalizedResponse, WireRequest
-from agent.agent_init import ProviderRuntime, build_client
-from agent.callbacks import Callbacks, StreamRelay
-from agent.hooks import Hooks
-from agent.http_transport import AbortableTransport
-from agent.interruptible import InterruptSignal, call_interruptibly
-from agent.prompt_caching import apply_prompt_caching
-from agent.tokens import TokenEstimator
-from agent.turn_state import PreparedRequest, TurnState
-from config.loader import AgentSettings
+from mibyan.agent.adapters.base import Adapter, CallHandle, NormalizedResponse, WireRequest
+from mibyan.agent.agent_init import ProviderRuntime, build_client
+from mibyan.agent.callbacks import Callbacks, StreamRelay
+from mibyan.agent.hooks import Hooks
+from mibyan.agent.http_transport import AbortableTransport
+from mibyan.agent.interruptible import InterruptSignal, call_interruptibly
+from mibyan.agent.prompt_caching import apply_prompt_caching
+from mibyan.agent.tokens import TokenEstimator
+from mibyan.agent.turn_state import PreparedRequest, TurnState
+from mibyan.config.loader import AgentSettings
 
 #: Slack over the SDK's own timeout, so the SDK's clearer timeout error normally wins the race.
 _TIMEOUT_SLACK = 5.0

@@ -15,10 +15,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from agent.adapters.base import Adapter, NormalizedResponse, ToolSchema
-from agent.agent_init import ProviderRuntime, adapter_for, read_api_key, resolve_runtime
-from agent.callbacks import Callbacks
-from agent.errors import (
+from agent_state import SessionStore
+from mibyan.agent.adapters.base import Adapter, NormalizedResponse, ToolSchema
+from mibyan.agent.agent_init import ProviderRuntime, adapter_for, read_api_key, resolve_runtime
+from mibyan.agent.callbacks import Callbacks
+from mibyan.agent.errors import (
     RETRYABLE_REASONS,
     ConfigError,
     MibyanError,
@@ -26,11 +27,10 @@ from agent.errors import (
     ProviderErrorReason,
     TurnInterrupted,
 )
-from agent.interruptible import InterruptSignal
-from agent.messages import Message
-from agent.turn_state import Failed, Interrupted, PreparedRequest, TurnState
-from agent_state import SessionStore
-from config.loader import AgentSettings, load_settings
+from mibyan.agent.interruptible import InterruptSignal
+from mibyan.agent.messages import Message
+from mibyan.agent.turn_state import Failed, Interrupted, PreparedRequest, TurnState
+from mibyan.config.loader import AgentSettings, load_settings
 
 log = logging.getLogger("mibyan.api")
 

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from agent.adapters.base import ToolSchema
-from agent.budget import IterationBudget
-from agent.callbacks import Callbacks
-from agent.interruptible import InterruptSignal
-from agent.tokens import TokenEstimator
-from agent.turn_state import BudgetExhausted, Interrupted, PreparedRequest, TurnState
-from config.loader import AgentSettings
+from mibyan.agent.adapters.base import ToolSchema
+from mibyan.agent.budget import IterationBudget
+from mibyan.agent.callbacks import Callbacks
+from mibyan.agent.interruptible import InterruptSignal
+from mibyan.agent.tokens import TokenEstimator
+from mibyan.agent.turn_state import BudgetExhausted, Interrupted, PreparedRequest, TurnState
+from mibyan.config.loader import AgentSettings
 
 _PRESSURE = 0.7
 

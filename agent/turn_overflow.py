@@ -11,14 +11,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from agent.adapters.base import ToolSchema
-from agent.agent_init import new_session_id
-from agent.callbacks import Callbacks
-from agent.context_engine import ContextEngine
-from agent.errors import ProviderError
-from agent.messages import History, MessageSink, repair_history
-from agent.turn_state import TurnState
 from agent_state import SessionSink, SessionStore
+from mibyan.agent.adapters.base import ToolSchema
+from mibyan.agent.agent_init import new_session_id
+from mibyan.agent.callbacks import Callbacks
+from mibyan.agent.context_engine import ContextEngine
+from mibyan.agent.errors import ProviderError
+from mibyan.agent.messages import History, MessageSink, repair_history
+from mibyan.agent.turn_state import TurnState
 
 
 class OverflowMixin:

@@ -7,10 +7,10 @@ so the loop can fail over instead of looping on a stalled model.
 
 from __future__ import annotations
 
-from agent.adapters.base import NormalizedResponse
-from agent.callbacks import Callbacks
-from agent.errors import ProviderError
-from agent.turn_state import Continue, Failed, TurnState
+from mibyan.agent.adapters.base import NormalizedResponse
+from mibyan.agent.callbacks import Callbacks
+from mibyan.agent.errors import ProviderError
+from mibyan.agent.turn_state import Continue, Failed, TurnState
 
 MAX_EMPTY_REPLIES = 3
 

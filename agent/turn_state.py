@@ -6,9 +6,9 @@ import threading
 from dataclasses import dataclass, field
 from typing import Literal
 
-from agent.adapters.base import ToolSchema, Usage
-from agent.errors import MibyanError
-from agent.messages import History, Message
+from mibyan.agent.adapters.base import ToolSchema, Usage
+from mibyan.agent.errors import MibyanError
+from mibyan.agent.messages import History, Message
 
 ExitReason = Literal["completed", "budget_exhausted", "interrupted", "error"]
 

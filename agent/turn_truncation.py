@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from agent.adapters.base import NormalizedResponse
-from agent.callbacks import Callbacks
-from agent.messages import Message, assistant_message, tool_message, user_message
-from agent.turn_state import Continue, Failed, Interrupted, PreparedRequest, TurnState
+from mibyan.agent.adapters.base import NormalizedResponse
+from mibyan.agent.callbacks import Callbacks
+from mibyan.agent.messages import Message, assistant_message, tool_message, user_message
+from mibyan.agent.turn_state import Continue, Failed, Interrupted, PreparedRequest, TurnState
 
 MAX_CONTINUATIONS = 3
 _CONTINUE_NOTE = (

@@ -12,10 +12,10 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from test_context import long_history  # noqa: E402
 
-from agent.context_compressor import ContextCompressor  # noqa: E402
-from agent.tokens import TokenEstimator  # noqa: E402
 from bench.figures import show  # noqa: E402
-from config.loader import load_settings  # noqa: E402
+from mibyan.agent.context_compressor import ContextCompressor  # noqa: E402
+from mibyan.agent.tokens import TokenEstimator  # noqa: E402
+from mibyan.config.loader import load_settings  # noqa: E402
 
 
 def main() -> None:

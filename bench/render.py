@@ -13,7 +13,7 @@ sys.path.insert(0, str(ROOT))
 from rich.console import Console  # noqa: E402
 
 from bench.figures import show  # noqa: E402
-from cli.render import Renderer  # noqa: E402
+from mibyan.cli.render import Renderer  # noqa: E402
 
 
 def main(runs: int = 3) -> None:

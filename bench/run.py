@@ -48,7 +48,7 @@ def paired(command: list[str], floor: list[str], env: dict[str, str]) -> tuple[l
 
 def mibyan_command() -> list[str]:
     script = Path(sys.executable).with_name("mibyan")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "cli.main"]
+    return [str(script)] if script.exists() else [sys.executable, "-m", "mibyan.cli.main"]
 
 
 def bench_startup(server: ScriptedServer, env: dict[str, str]) -> None:
@@ -132,8 +132,8 @@ def tool_round_script(rounds: int) -> Callable[[dict[str, Any]], Reply]:
 def bench_iterations(server: ScriptedServer, length: int, home: Path) -> tuple[list[float], list[float]]:
     import openai
 
+    from mibyan.tools.registry import tool
     from run_agent import AIAgent
-    from tools.registry import tool
 
     @tool(toolset="bench")
     def noop() -> str:

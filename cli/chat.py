@@ -9,9 +9,9 @@ import sys
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from cli.main import EXIT_BUDGET, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
-from cli.progress import Progress
-from cli.prompts import prompt_callbacks
+from mibyan.cli.main import EXIT_BUDGET, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
+from mibyan.cli.progress import Progress
+from mibyan.cli.prompts import prompt_callbacks
 
 if TYPE_CHECKING:
     from run_agent import AIAgent
@@ -34,7 +34,7 @@ def _session_to_resume(args: argparse.Namespace) -> str | None:
     if args.resume is None:
         return None
     from agent_state import SessionStore, StoreError
-    from config.paths import mibyan_home
+    from mibyan.config.paths import mibyan_home
 
     store = SessionStore.open(mibyan_home())
     try:
@@ -52,8 +52,8 @@ def make_agent(
     args: argparse.Namespace, callbacks: dict[str, Any], *, session_id: str | None, model: str | None = None
 ) -> AIAgent:
     """The agent the command-line options describe."""
-    from cli.logs import setup_logging
-    from config.paths import mibyan_home
+    from mibyan.cli.logs import setup_logging
+    from mibyan.config.paths import mibyan_home
     from run_agent import AIAgent
 
     setup_logging(mibyan_home())
@@ -125,7 +125,7 @@ def _json_result(result: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_chat(args: argparse.Namespace) -> int:
-    from agent.errors import MibyanError
+    from mibyan.agent.errors import MibyanError
 
     prompt = None
     if args.query is not None:
@@ -141,7 +141,7 @@ def run_chat(args: argparse.Namespace) -> int:
         sys.stderr.write(f"mibyan: {exc}\n")
         return EXIT_USAGE
     if prompt is None:
-        from cli.repl import run_repl
+        from mibyan.cli.repl import run_repl
 
         return run_repl(args, session_id)
     progress = Progress(quiet=args.quiet, stream_answer=not args.json)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from cli.repl import Repl
+    from mibyan.cli.repl import Repl
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,7 @@ def _resume(repl: Repl, argument: str) -> None:
 
 @command("sessions", "/sessions", "recent sessions")
 def _sessions(repl: Repl, argument: str) -> None:
-    from cli.sessions import age
+    from mibyan.cli.sessions import age
 
     for row in repl.agent.store.list_sessions(15):
         mark = "*" if row["id"] == repl.agent.session_id else " "
@@ -85,7 +85,7 @@ def _search(repl: Repl, argument: str) -> None:
     if not argument:
         repl.say("usage: /search QUERY", style="red")
         return
-    from tools.session_tools import format_hits
+    from mibyan.tools.session_tools import format_hits
 
     repl.say(format_hits(repl.agent.store.search(argument, limit=10)))
 
@@ -156,7 +156,7 @@ def _yolo(repl: Repl, argument: str) -> None:
 
 @command("todo", "/todo", "the task list of this session")
 def _todo(repl: Repl, argument: str) -> None:
-    from tools.todo import render_todos
+    from mibyan.tools.todo import render_todos
 
     repl.say(render_todos(repl.agent.store.get_todos(repl.agent.session_id)))
 
@@ -165,7 +165,7 @@ def completions(kind: str | None, repl: Repl) -> list[str]:
     if kind == "sessions" and repl.ready():
         return [row["id"] for row in repl.agent.store.list_sessions(30)]
     if kind == "models":
-        from agent.tokens import CONTEXT_WINDOWS
+        from mibyan.agent.tokens import CONTEXT_WINDOWS
 
         return sorted(CONTEXT_WINDOWS)
     return []

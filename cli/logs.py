@@ -6,7 +6,7 @@ import logging
 import os
 from pathlib import Path
 
-from config.paths import private_dir
+from mibyan.config.paths import private_dir
 
 _HANDLER_NAME = "mibyan-file"
 

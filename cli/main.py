@@ -130,15 +130,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_OK
     try:
         if args.command == "chat":
-            from cli.chat import run_chat
+            from mibyan.cli.chat import run_chat
 
             return run_chat(args)
         if args.command == "skills":
-            from cli.sessions import run_skills
+            from mibyan.cli.sessions import run_skills
 
             return run_skills(args)
         if args.command == "sessions":
-            from cli.sessions import run_sessions
+            from mibyan.cli.sessions import run_sessions
 
             return run_sessions(args)
     except BrokenPipeError:

@@ -17,7 +17,7 @@ from rich.markdown import Markdown
 from rich.spinner import Spinner
 from rich.text import Text
 
-from cli.progress import preview_arguments
+from mibyan.cli.progress import preview_arguments
 
 _REPARSE_EVERY = 0.1
 
@@ -54,7 +54,7 @@ class Renderer:
         self._lock = threading.RLock()
 
     def callbacks(self) -> dict[str, Any]:
-        from cli.prompts import prompt_callbacks
+        from mibyan.cli.prompts import prompt_callbacks
 
         questions = {name: self.paused(ask) for name, ask in prompt_callbacks().items()}
         return {

@@ -24,13 +24,13 @@ from prompt_toolkit.document import Document
 from prompt_toolkit.history import FileHistory
 from prompt_toolkit.key_binding import KeyBindings
 
-from cli.commands import COMMANDS, completions, dispatch
-from cli.main import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
+from mibyan.cli.commands import COMMANDS, completions, dispatch
+from mibyan.cli.main import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
-    from cli.render import Renderer
+    from mibyan.cli.render import Renderer
     from run_agent import AIAgent
 
 _DOUBLE_PRESS = 2.0
@@ -82,7 +82,7 @@ class Repl:
 
     def _load(self) -> None:
         try:
-            from cli.render import Renderer
+            from mibyan.cli.render import Renderer
 
             self._renderer = Renderer()
             self._agent = self._build_agent(self._session_id, self.args.model)
@@ -100,7 +100,7 @@ class Repl:
             loop.call_soon_threadsafe(lambda: app.exit(exception=EOFError()) if app.is_running else None)
 
     def _build_agent(self, session_id: str | None, model: str | None) -> AIAgent:
-        from cli.chat import make_agent
+        from mibyan.cli.chat import make_agent
 
         assert self._renderer is not None
         return make_agent(self.args, self._renderer.callbacks(), session_id=session_id, model=model)
@@ -175,7 +175,7 @@ class Repl:
     # -- the prompt -----------------------------------------------------------------------------------
 
     def _session(self) -> PromptSession[str]:
-        from config.paths import mibyan_home, private_dir
+        from mibyan.config.paths import mibyan_home, private_dir
 
         home = mibyan_home()
         private_dir(home)
@@ -223,7 +223,7 @@ class Repl:
 
 
 def run_repl(args: argparse.Namespace, session_id: str | None) -> int:
-    from agent.errors import MibyanError
+    from mibyan.agent.errors import MibyanError
 
     repl = Repl(args, session_id)
     try:

@@ -12,10 +12,10 @@ import time
 from datetime import datetime
 from typing import Any
 
-from agent.errors import MibyanError
 from agent_state import SessionStore
-from cli.main import EXIT_ERROR, EXIT_OK, EXIT_USAGE
-from config.loader import mibyan_home
+from mibyan.agent.errors import MibyanError
+from mibyan.cli.main import EXIT_ERROR, EXIT_OK, EXIT_USAGE
+from mibyan.config.loader import mibyan_home
 
 
 def age(timestamp: float) -> str:
@@ -68,7 +68,7 @@ def _show(store: SessionStore, args: argparse.Namespace) -> int:
 
 
 def _search(store: SessionStore, args: argparse.Namespace) -> int:
-    from tools.session_tools import parse_since
+    from mibyan.tools.session_tools import parse_since
 
     hits = store.search(" ".join(args.query), role=args.role, since=parse_since(args.since), limit=args.limit)
     if not hits:
@@ -141,7 +141,7 @@ def run_skills(args: argparse.Namespace) -> int:
     """`mibyan skills list`."""
     from pathlib import Path
 
-    from agent.skills import discover_skills
+    from mibyan.agent.skills import discover_skills
 
     skills = discover_skills(mibyan_home(), Path.cwd())
     if not skills:

@@ -15,8 +15,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from agent.errors import ConfigError
-from config.paths import mibyan_home
+from mibyan.agent.errors import ConfigError
+from mibyan.config.paths import mibyan_home
 
 __all__ = ["AgentSettings", "load_settings", "mibyan_home"]
 

@@ -69,7 +69,7 @@ def run_cli(
     environment.update({"MIBYAN_HOME": str(home), "PYTHONPATH": str(ROOT)})
     environment.update(env or {})
     return subprocess.run(
-        [sys.executable, "-m", "cli.main", *args],
+        [sys.executable, "-m", "mibyan.cli.main", *args],
         input=stdin,
         capture_output=True,
         text=True,

@@ -8,7 +8,7 @@ import time
 import pytest
 from loopback import Reply, ScriptedServer
 
-from agent.messages import repair_history
+from mibyan.agent.messages import repair_history
 
 
 def assert_valid_request(body: dict) -> None:

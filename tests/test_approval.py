@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tools.approval import classify_command
+from mibyan.tools.approval import classify_command
 
 HARDLINE = [
     "rm -rf /",

@@ -7,10 +7,10 @@ import json
 import pytest
 from recorded import Collect, Replay, load_cassette
 
-from agent.adapters.base import CallHandle, ToolSchema, WireRequest
-from agent.adapters.chat_completions import ChatCompletionsAdapter
-from agent.errors import ProviderError
-from agent.messages import assistant_message, tool_message, user_message
+from mibyan.agent.adapters.base import CallHandle, ToolSchema, WireRequest
+from mibyan.agent.adapters.chat_completions import ChatCompletionsAdapter
+from mibyan.agent.errors import ProviderError
+from mibyan.agent.messages import assistant_message, tool_message, user_message
 
 
 def send(replay: Replay, body: dict, *, events: Collect | None = None):

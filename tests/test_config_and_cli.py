@@ -10,8 +10,8 @@ import pytest
 from conftest import ROOT, run_cli
 from loopback import Reply, ScriptedServer
 
-from agent.errors import ConfigError
-from config.loader import load_settings
+from mibyan.agent.errors import ConfigError
+from mibyan.config.loader import load_settings
 
 
 def test_defaults_predefine_three_providers_and_a_500_call_budget(tmp_path: Path) -> None:
@@ -125,7 +125,7 @@ def test_the_log_file_is_private_and_masks_keys(home) -> None:
     import logging
     import stat
 
-    from cli.logs import setup_logging
+    from mibyan.cli.logs import setup_logging
 
     setup_logging(home)
     logging.getLogger("mibyan.test").warning("calling with key sk-proj-%s", "Zz9" * 10)
@@ -138,7 +138,7 @@ def test_the_log_file_is_private_and_masks_keys(home) -> None:
 
 
 def test_the_chat_footer_shows_tokens_cache_and_cost() -> None:
-    from cli.render import Renderer
+    from mibyan.cli.render import Renderer
 
     usage = {
         "input_tokens": 1_000_000,
@@ -158,7 +158,7 @@ def test_a_streamed_answer_is_rendered_whole_when_it_ends() -> None:
 
     from rich.console import Console
 
-    from cli.render import Renderer
+    from mibyan.cli.render import Renderer
 
     renderer = Renderer(Console(file=io.StringIO(), width=100, force_terminal=False))
     for i in range(500):

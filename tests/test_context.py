@@ -7,8 +7,8 @@ from pathlib import Path
 
 from loopback import Reply, ScriptedServer
 
-from agent.messages import repair_history
 from agent_state import SessionStore
+from mibyan.agent.messages import repair_history
 
 WINDOW = 16_000
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 from loopback import Reply, ScriptedServer
 
-from agent.messages import repair_history
 from agent_state import SessionStore
+from mibyan.agent.messages import repair_history
 
 
 def first_user(body: dict) -> str:

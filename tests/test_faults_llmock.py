@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from conftest import run_cli
 
-from agent.messages import repair_history
+from mibyan.agent.messages import repair_history
 
 
 @pytest.fixture

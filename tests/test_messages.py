@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent.messages import (
+from mibyan.agent.messages import (
     INTERRUPTED_RESULT,
     History,
     HistoryError,

@@ -12,8 +12,8 @@ import pytest
 from conftest import ROOT
 from loopback import Reply, ScriptedServer
 
-from agent.errors import ToolError
-from agent.memory import LIMITS, MemoryStore
+from mibyan.agent.errors import ToolError
+from mibyan.agent.memory import LIMITS, MemoryStore
 
 
 def system_of(body: dict) -> str:
@@ -129,7 +129,7 @@ def test_a_trigger_word_brings_its_skill_into_the_turn(
     assert "[Skill: release]" in system_of(server.requests[1].body)
 
     listed = subprocess.run(
-        [sys.executable, "-m", "cli.main", "skills", "list"],
+        [sys.executable, "-m", "mibyan.cli.main", "skills", "list"],
         capture_output=True,
         text=True,
         env={"MIBYAN_HOME": str(home), "PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},

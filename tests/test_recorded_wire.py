@@ -7,11 +7,11 @@ import json
 import pytest
 from recorded import Collect, Interaction, Replay, load_cassette
 
-from agent.adapters.anthropic_messages import AnthropicMessagesAdapter
-from agent.adapters.base import CallHandle, ToolSchema, WireRequest
-from agent.adapters.codex_responses import CodexResponsesAdapter
-from agent.messages import tool_message, user_message
-from agent.turn_api_error import classify_error
+from mibyan.agent.adapters.anthropic_messages import AnthropicMessagesAdapter
+from mibyan.agent.adapters.base import CallHandle, ToolSchema, WireRequest
+from mibyan.agent.adapters.codex_responses import CodexResponsesAdapter
+from mibyan.agent.messages import tool_message, user_message
+from mibyan.agent.turn_api_error import classify_error
 
 
 def send(adapter, client, body: dict, events: Collect | None = None):
@@ -216,7 +216,7 @@ def test_recorded_errors_are_classified(cassette: str, client: str, reason: str)
             else (CodexResponsesAdapter() if "responses" in cassette else None)
         )
         if adapter is None:
-            from agent.adapters.chat_completions import ChatCompletionsAdapter
+            from mibyan.agent.adapters.chat_completions import ChatCompletionsAdapter
 
             adapter = ChatCompletionsAdapter()
         with pytest.raises(Exception) as caught:

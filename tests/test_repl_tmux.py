@@ -55,7 +55,7 @@ class Terminal:
 @pytest.fixture
 def chat(server: ScriptedServer, home: Path) -> Iterator[Terminal]:
     env = {"MIBYAN_HOME": str(home), "PYTHONPATH": str(ROOT), "TERM": "xterm-256color"}
-    terminal = Terminal([sys.executable, "-m", "cli.main", "chat", "--base-url", server.base_url], env)
+    terminal = Terminal([sys.executable, "-m", "mibyan.cli.main", "chat", "--base-url", server.base_url], env)
     yield terminal
     terminal.close()
 
@@ -127,7 +127,7 @@ def test_a_denied_command_does_not_run(server: ScriptedServer, chat: Terminal, t
 def test_a_broken_config_ends_the_chat_at_once_with_one_line(server: ScriptedServer, home: Path) -> None:
     (home / "config.yaml").write_text("agent:\n  colour: blue\n")
     env = {"MIBYAN_HOME": str(home), "PYTHONPATH": str(ROOT), "TERM": "xterm-256color"}
-    terminal = Terminal([sys.executable, "-m", "cli.main", "chat", "--base-url", server.base_url], env)
+    terminal = Terminal([sys.executable, "-m", "mibyan.cli.main", "chat", "--base-url", server.base_url], env)
     try:
         screen = terminal.wait_for("EXIT=")
     finally:

@@ -17,8 +17,8 @@ import pytest
 from conftest import ROOT, run_cli
 from loopback import Reply, ScriptedServer
 
-from agent.messages import INTERRUPTED_RESULT, repair_history
 from agent_state import SessionStore
+from mibyan.agent.messages import INTERRUPTED_RESULT, repair_history
 
 
 def stored(home: Path, session_id: str) -> list[dict]:
@@ -137,7 +137,16 @@ def test_kill_during_a_tool_round_then_resume(server: ScriptedServer, home: Path
     )
     env = {**os.environ, "MIBYAN_HOME": str(home), "PYTHONPATH": str(ROOT)}
     process = subprocess.Popen(
-        [sys.executable, "-m", "cli.main", "chat", "-q", "read the pipe", "--base-url", server.base_url],
+        [
+            sys.executable,
+            "-m",
+            "mibyan.cli.main",
+            "chat",
+            "-q",
+            "read the pipe",
+            "--base-url",
+            server.base_url,
+        ],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -11,7 +11,7 @@ import pytest
 import yaml
 from loopback import Reply, ScriptedServer
 
-from tools.registry import tool, unregister
+from mibyan.tools.registry import tool, unregister
 
 
 def tool_results(result: dict) -> list[str]:
@@ -276,7 +276,7 @@ def test_hooks_from_the_config_file(
 
 
 def test_a_hook_that_cannot_be_imported_is_a_config_error(home: Path) -> None:
-    from agent.errors import ConfigError
+    from mibyan.agent.errors import ConfigError
     from run_agent import AIAgent
 
     (home / "config.yaml").write_text("hooks: {pre_tool_call: ['nowhere:nothing']}\n")

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass
 
-from agent.interruptible import InterruptSignal
+from mibyan.agent.interruptible import InterruptSignal
 
 
 @dataclass(frozen=True)

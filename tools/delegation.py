@@ -14,9 +14,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from agent.errors import MibyanError, ToolError
-from tools import context
-from tools.registry import tool
+from mibyan.agent.errors import MibyanError, ToolError
+from mibyan.tools import context
+from mibyan.tools.registry import tool
 
 if TYPE_CHECKING:
     from run_agent import AIAgent

@@ -11,8 +11,8 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
-from agent.errors import ToolError
-from tools.registry import tool
+from mibyan.agent.errors import ToolError
+from mibyan.tools.registry import tool
 
 
 def _resolve(path: str) -> Path:

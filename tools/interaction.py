@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from agent.errors import ToolError
-from tools.registry import tool
+from mibyan.agent.errors import ToolError
+from mibyan.tools.registry import tool
 
 
 @tool(toolset="core", interactive=True)

@@ -5,11 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from agent.errors import ToolError
-from agent.memory import MemoryStore
-from agent.skills import discover_skills, skills_index
 from agent_state import SessionStore, mask_secrets
-from tools.registry import tool
+from mibyan.agent.errors import ToolError
+from mibyan.agent.memory import MemoryStore
+from mibyan.agent.skills import discover_skills, skills_index
+from mibyan.tools.registry import tool
 
 
 def apply_memory(home: Path, store: SessionStore, args: dict[str, Any]) -> str:

@@ -14,10 +14,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Union, get_args, get_origin, get_type_hints
 
-from agent.adapters.base import ToolSchema
+from mibyan.agent.adapters.base import ToolSchema
 
 if TYPE_CHECKING:
-    from tools.approval import Verdict
+    from mibyan.tools.approval import Verdict
 
 ToolHandler = Callable[..., Any]
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import time
 from datetime import datetime
 
-from agent.errors import ToolError
 from agent_state import SessionStore
-from tools.registry import tool
+from mibyan.agent.errors import ToolError
+from mibyan.tools.registry import tool
 
 _MAX_LIMIT = 25
 

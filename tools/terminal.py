@@ -11,10 +11,10 @@ import threading
 import time
 from typing import Any, cast
 
-from agent.errors import ToolError
-from tools import context
-from tools.approval import Verdict, classify_command
-from tools.registry import tool
+from mibyan.agent.errors import ToolError
+from mibyan.tools import context
+from mibyan.tools.approval import Verdict, classify_command
+from mibyan.tools.registry import tool
 
 _KEEP_BYTES = 512 * 1024  # of output, kept from each end; the middle of a flood is dropped
 _KILL_GRACE = 0.5

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from agent.errors import ToolError
 from agent_state import SessionStore
-from tools.registry import tool
+from mibyan.agent.errors import ToolError
+from mibyan.tools.registry import tool
 
 STATUSES = ("pending", "in_progress", "done", "cancelled")
 _MARKS = {"pending": "[ ]", "in_progress": "[~]", "done": "[x]", "cancelled": "[-]"}

@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 from html.parser import HTMLParser
 
-from agent.errors import ToolError
-from tools.registry import tool
+from mibyan.agent.errors import ToolError
+from mibyan.tools.registry import tool
 
 _MAX_BYTES = 2 * 1024 * 1024
 _SKIP_TAGS = {"script", "style", "noscript", "svg", "head", "template"}

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from agent.adapters.base import (
+from mibyan.agent.adapters.base import (
     NormalizedResponse,
     StreamEvents,
     Usage,
@@ -20,8 +20,8 @@ from agent.adapters.base import (
     WireRequest,
     malformed,
 )
-from agent.errors import ProviderError
-from agent.messages import Message
+from mibyan.agent.errors import ProviderError
+from mibyan.agent.messages import Message
 
 DEFAULT_MAX_TOKENS = 8192
 _STOP_REASONS = {

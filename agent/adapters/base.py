@@ -7,8 +7,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from agent.errors import ProviderError
-from agent.messages import Message, assistant_message
+from mibyan.agent.errors import ProviderError
+from mibyan.agent.messages import Message, assistant_message
 
 
 @dataclass

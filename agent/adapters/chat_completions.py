@@ -10,7 +10,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from agent.adapters.base import (
+from mibyan.agent.adapters.base import (
     NormalizedResponse,
     StreamEvents,
     ToolSchema,
@@ -19,8 +19,8 @@ from agent.adapters.base import (
     WireRequest,
     malformed,
 )
-from agent.errors import ProviderError
-from agent.messages import Message
+from mibyan.agent.errors import ProviderError
+from mibyan.agent.messages import Message
 
 #: Keys of our history that the Chat Completions wire format has no place for.
 _PRIVATE_KEYS = frozenset({"reasoning", "provider_data"})

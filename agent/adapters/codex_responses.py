@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agent.adapters.base import (
+from mibyan.agent.adapters.base import (
     NormalizedResponse,
     StreamEvents,
     Usage,
@@ -18,8 +18,8 @@ from agent.adapters.base import (
     WireRequest,
     malformed,
 )
-from agent.errors import ProviderError
-from agent.messages import Message
+from mibyan.agent.errors import ProviderError
+from mibyan.agent.messages import Message
 
 _ITEMS_KEY = "responses_reasoning"
 

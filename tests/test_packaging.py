@@ -1,0 +1,144 @@
+"""The installed wheel: one namespace, data files inside, and no clash with a user's own modules."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import sysconfig
+import venv
+import zipfile
+from pathlib import Path
+
+import pytest
+from conftest import ROOT
+from loopback import Reply, ScriptedServer
+
+USERS_PROJECT = {
+    "config.py": "raise SystemExit('the user config.py was imported')\n",
+    "cli.py": "raise SystemExit('the user cli.py was imported')\n",
+    "tools/__init__.py": "raise SystemExit('the user tools/ was imported')\n",
+    "agent/__init__.py": "raise SystemExit('the user agent/ was imported')\n",
+}
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    pytest.importorskip("setuptools", reason="building the wheel needs setuptools (in the dev extra)")
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", f"-w{out}", "."],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+    )
+    (built,) = out.glob("mibyan-*.whl")
+    return built
+
+
+@pytest.fixture(scope="module")
+def installed(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fresh venv holding the wheel alone; its dependencies come from this venv (no network)."""
+    target = tmp_path_factory.mktemp("venv")
+    venv.create(target, with_pip=False)
+    python = target / "bin" / "python"
+    site = Path(
+        subprocess.run(
+            [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    )
+    with zipfile.ZipFile(wheel) as archive:
+        archive.extractall(site)
+    # The dependencies, without this checkout's editable mibyan: a plain path entry runs no .pth file.
+    (site / "zz_dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    bin_dir = target / "bin"
+    script = f"#!{python}\nfrom mibyan.cli.main import main\nraise SystemExit(main())\n"
+    (bin_dir / "mibyan").write_text(script)
+    (bin_dir / "mibyan").chmod(0o755)
+    return target
+
+
+def test_the_wheel_installs_four_top_level_names_and_the_defaults(wheel: Path) -> None:
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+    top = {name.split("/")[0] for name in names if not name.split("/")[0].endswith(".dist-info")}
+    assert top == {"mibyan", "run_agent.py", "model_tools.py", "agent_state.py"}
+    assert "mibyan/config/defaults.yaml" in names
+    entry_points = next(n for n in names if n.endswith("entry_points.txt"))
+    with zipfile.ZipFile(wheel) as archive:
+        assert "mibyan = mibyan.cli.main:main" in archive.read(entry_points).decode()
+
+
+def _users_project(folder: Path) -> None:
+    for relative, text in USERS_PROJECT.items():
+        (folder / relative).parent.mkdir(parents=True, exist_ok=True)
+        (folder / relative).write_text(text)
+
+
+def _clean_env(home: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY") and k != "PYTHONPATH"}
+    env["MIBYAN_HOME"] = str(home)
+    return env
+
+
+def test_a_project_with_its_own_config_and_tools_imports_and_runs_mibyan(
+    installed: Path, server: ScriptedServer, home: Path, tmp_path: Path
+) -> None:
+    project = tmp_path / "project"
+    project.mkdir()
+    _users_project(project)
+    (project / "my_script.py").write_text(
+        "import sys\n"
+        "from run_agent import AIAgent\n"
+        "from mibyan import AIAgent as Same\n"
+        "assert AIAgent is Same\n"
+        "agent = AIAgent(model='m', base_url=sys.argv[1])\n"
+        "print(agent.chat('hi'))\n"
+    )
+    server.add(Reply(text="hello from the wheel"))
+
+    done = subprocess.run(
+        [installed / "bin" / "python", "my_script.py", server.base_url],
+        cwd=project,
+        env=_clean_env(home),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "hello from the wheel"
+    assert str(ROOT) not in done.stderr
+
+
+def test_the_console_script_from_the_wheel_answers_in_a_users_project(
+    installed: Path, server: ScriptedServer, home: Path, tmp_path: Path
+) -> None:
+    project = tmp_path / "project"
+    project.mkdir()
+    _users_project(project)
+    server.add(Reply(text="one-shot answer"))
+
+    done = subprocess.run(
+        [installed / "bin" / "mibyan", "chat", "-q", "hi", "--base-url", server.base_url],
+        cwd=project,
+        env=_clean_env(home),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "one-shot answer"
+    where = subprocess.run(
+        [installed / "bin" / "python", "-c", "import mibyan.config.loader as m; print(m.__file__)"],
+        cwd=project,
+        env=_clean_env(home),
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert where.startswith(str(installed))
