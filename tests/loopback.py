@@ -77,7 +77,7 @@ class ScriptedServer:
         self._arrivals = threading.Condition(self._lock)
         self._counter = 0
         self._httpd = _QuietServer(("127.0.0.1", 0), self._handler_class())
-        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
+        self._thread = threading.Thread(target=self._httpd.serve_forever, args=(0.01,), daemon=True)
 
     @property
     def base_url(self) -> str:
