@@ -176,7 +176,7 @@ class ToolExecutorMixin:
         """Hooks → approval → handler → hooks for one resolved call. Runs on a worker thread."""
         assert plan.spec is not None and plan.args is not None
         spec, args, task_id = plan.spec, plan.args, turn.task_id
-        token = context.bind(context.ToolContext(task_id=task_id, signal=self._signal))
+        token = context.bind(context.ToolContext(task_id=task_id, signal=self._signal, home=self.home))
         try:
             reason = self.hooks.before_tool(plan.name, args, task_id)
             if reason is not None:

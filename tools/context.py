@@ -9,14 +9,18 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass
+from pathlib import Path
 
 from mibyan.agent.interruptible import InterruptSignal
 
 
 @dataclass(frozen=True)
 class ToolContext:
+    """The call a tool serves: its task, the stop signal, and the agent's home (off limits to tools)."""
+
     task_id: str | None
     signal: InterruptSignal
+    home: Path | None = None
 
 
 _CURRENT: ContextVar[ToolContext | None] = ContextVar("mibyan_tool_context", default=None)
