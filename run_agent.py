@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import copy
 import os
 from typing import Any
 
+from mibyan.agent.adapters.base import ToolSchema
 from mibyan.agent.agent_init import init_agent
 from mibyan.agent.conversation_loop import ConversationLoopMixin
 from mibyan.agent.prompt_builder import PromptBuilderMixin
@@ -94,3 +96,21 @@ class AIAgent(
     def chat(self, message: str) -> str:
         """Send one message and return the final answer (the simple interface to run_conversation)."""
         return str(self.run_conversation(message)["final_response"] or "")
+
+    @property
+    def history(self) -> tuple[dict[str, Any], ...]:
+        """The session's messages, oldest first: a copy, so reading it can never break the history."""
+        return tuple(copy.deepcopy(self._history.messages))
+
+    @property
+    def tool_schemas(self) -> tuple[ToolSchema, ...]:
+        """The tools the model sees: name, description and argument schema of each."""
+        return tuple(self._tool_schemas)
+
+    def undo_last_turn(self) -> str | None:
+        """Forget the last user message and everything after it, in the store too.
+
+        Returns:
+            What the user said in that turn, or None when there was nothing to undo.
+        """
+        return self._history.undo_last_turn()
