@@ -128,6 +128,9 @@ def run_chat(args: argparse.Namespace) -> int:
     from mibyan.agent.errors import MibyanError
 
     prompt = None
+    if args.query is None and not sys.stdin.isatty():  # a chat needs a terminal: piped text is the prompt
+        sys.stderr.write("mibyan: stdin is not a terminal: reading the prompt from it (as with -q -)\n")
+        args.query = "-"
     if args.query is not None:
         prompt = _read_prompt(args.query)
         if prompt is None:

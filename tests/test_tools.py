@@ -193,7 +193,8 @@ def test_without_a_callback_dangerous_commands_are_denied(
     victim.mkdir()
     server.add(Reply(tool_calls=[("terminal", {"command": f"rm -r {victim}"})]), Reply(text="ok"))
     result = make_agent().run_conversation("clean")
-    assert victim.exists() and tool_results(result)[0].startswith("denied by user")
+    assert victim.exists()
+    assert tool_results(result)[0].startswith("refused: nobody could be asked to approve it")
 
 
 def test_yolo_runs_dangerous_commands_but_never_hardline_ones(

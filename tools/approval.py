@@ -361,6 +361,11 @@ class ApprovalPolicy:
         with self._lock:  # one question at a time, and a second call of the same kind sees the answer
             if verdict.key in self._approved:
                 return True, "approved earlier"
+            if self._ask is None:
+                return False, (
+                    "refused: nobody could be asked to approve it (no terminal; use --yolo or run "
+                    f"interactively) — the command was not run ({verdict.reason})"
+                )
             answer = self._ask_user(command, verdict.reason)
             if answer in ("session", "always"):
                 self._approved.add(verdict.key)
@@ -369,6 +374,12 @@ class ApprovalPolicy:
         if answer == "deny":
             return False, f"denied by user: the command was not run ({verdict.reason})"
         return True, f"approved by user ({answer})"
+
+    def carry_over_from(self, other: ApprovalPolicy) -> None:
+        """Keep what the user decided on `other` (--yolo, "for this session" answers) when it is replaced."""
+        self.yolo = other.yolo
+        with self._lock:
+            self._approved.update(other._approved)
 
     def answer_from_session(self, command: str, reason: str) -> Answer:
         """An approval callback for subagents: yes for what this user approved for the session, else no."""
