@@ -60,8 +60,14 @@ def _new(repl: Repl, argument: str) -> None:
 
 @command("resume", "/resume [ID]", "continue a session (the most recent without ID)", complete="sessions")
 def _resume(repl: Repl, argument: str) -> None:
+    from agent_state import StoreError
+
     store = repl.agent.store
-    session_id = store.resolve_id(argument) if argument else store.most_recent()
+    try:
+        session_id = store.resolve_id(argument) if argument else store.most_recent()
+    except StoreError as exc:  # an unknown or ambiguous id: say so and stay in this session
+        repl.say(str(exc), style="red")
+        return
     if session_id is None:
         repl.say("no session to resume", style="red")
         return
@@ -116,13 +122,13 @@ def _usage(repl: Repl, argument: str) -> None:
 
 @command("tools", "/tools", "the tools the model can use")
 def _tools(repl: Repl, argument: str) -> None:
-    for schema in repl.agent._tool_schemas:
+    for schema in repl.agent.tool_schemas:
         repl.say(f"  {schema.name:<16} {schema.description.splitlines()[0]}")
 
 
 @command("retry", "/retry", "ask the last question again")
 def _retry(repl: Repl, argument: str) -> None:
-    said = repl.agent._history.undo_last_turn()
+    said = repl.agent.undo_last_turn()
     if said is None:
         repl.say("nothing to retry", style="red")
         return
@@ -131,7 +137,7 @@ def _retry(repl: Repl, argument: str) -> None:
 
 @command("undo", "/undo", "forget the last question and its answer")
 def _undo(repl: Repl, argument: str) -> None:
-    said = repl.agent._history.undo_last_turn()
+    said = repl.agent.undo_last_turn()
     repl.say(f"forgot: {said}" if said is not None else "nothing to undo")
 
 

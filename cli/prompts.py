@@ -1,12 +1,18 @@
 """Questions the agent asks the person at the terminal: approvals and clarifications.
 
 They read the terminal itself (/dev/tty), so they work while stdin is a pipe (`-q -`); where there is
-no terminal the callbacks are not installed, and the agent denies what needs approval.
+no terminal the callbacks are not installed, and the agent denies what needs approval. The chat can
+cancel a question (Ctrl-C): it ends at once, answered as a refusal, and stops reading the terminal.
 """
 
 from __future__ import annotations
 
+import os
+import select
 import sys
+import threading
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 _ANSWERS = {
@@ -33,29 +39,87 @@ def terminal_available() -> bool:
         return False
 
 
+class TerminalQuestions:
+    """Questions at the terminal that can be cancelled from another thread (the chat's Ctrl-C)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._wakers: set[int] = set()
+
+    def ask(self, question: str) -> str | None:
+        """Write `question` to the terminal and read one line back.
+
+        Returns:
+            The line without surrounding blanks; None without a terminal, at end of input, or when
+            `cancel()` ended the question.
+        """
+        try:
+            terminal = os.open("/dev/tty", os.O_RDWR | os.O_NOCTTY)
+        except OSError:
+            return None
+        wake_read, wake_write = os.pipe()
+        with self._lock:
+            self._wakers.add(wake_write)
+        try:
+            os.write(terminal, question.encode("utf-8", "replace"))
+            line = self._read_line(terminal, wake_read)
+        except OSError:
+            line = None
+        finally:
+            with self._lock:
+                self._wakers.discard(wake_write)
+            for fd in (terminal, wake_read, wake_write):
+                os.close(fd)
+        return line.decode("utf-8", "replace").strip() if line else None
+
+    @staticmethod
+    def _read_line(terminal: int, wake: int) -> bytes | None:
+        line = b""
+        while not line.endswith(b"\n"):
+            ready, _, _ = select.select([terminal, wake], [], [])
+            if wake in ready:  # cancelled: end the question's line so what follows starts afresh
+                os.write(terminal, b"\n")
+                return None
+            chunk = os.read(terminal, 4096)
+            if not chunk:
+                break
+            line += chunk
+        return line
+
+    def cancel(self) -> None:
+        """End every question being asked now, as if the person had refused."""
+        with self._lock:
+            for fd in self._wakers:
+                os.write(fd, b"x")
+
+    def callbacks(self) -> dict[str, Any]:
+        """The approval and clarify callbacks, when a person is at a terminal to answer them."""
+        if not terminal_available() or not sys.stderr.isatty():
+            return {}
+        return {
+            "approval_callback": partial(ask_approval, read=self.ask),
+            "clarify_callback": partial(ask_clarify, read=self.ask),
+        }
+
+
 def ask_terminal(question: str) -> str | None:
     """Write `question` to the terminal and read one line back; None without a terminal."""
-    try:  # two handles: a terminal opened "r+" in text mode is refused as not seekable
-        with open("/dev/tty", "w", encoding="utf-8") as out, open("/dev/tty", encoding="utf-8") as answer:
-            out.write(question)
-            out.flush()
-            line = answer.readline()
-    except OSError:
-        return None
-    return line.strip() if line else None
+    return TerminalQuestions().ask(question)
 
 
-def ask_approval(command: str, reason: str) -> str:
+def ask_approval(command: str, reason: str, *, read: Callable[[str], str | None] = ask_terminal) -> str:
     shown = command if len(command) < 400 else command[:400] + "…"
-    answer = ask_terminal(
+    answer = read(
         f"\n  ⚠ This command {reason}:\n      {shown}\n  Run it? [o]nce, [s]ession, [a]lways, [d]eny: "
     )
     return _ANSWERS.get((answer or "").lower(), "deny")
 
 
-def ask_clarify(question: str, choices: list[str] | None) -> str:
+def ask_clarify(
+    question: str, choices: list[str] | None, *, read: Callable[[str], str | None] = ask_terminal
+) -> str:
     options = "".join(f"\n    {i}. {choice}" for i, choice in enumerate(choices or [], start=1))
-    answer = ask_terminal(f"\n  ? {question}{options}\n  > ") or ""
+    answer = read(f"\n  ? {question}{options}\n  > ") or ""
     if choices and answer.isdigit() and 1 <= int(answer) <= len(choices):
         return choices[int(answer) - 1]
     return answer
@@ -63,6 +127,4 @@ def ask_clarify(question: str, choices: list[str] | None) -> str:
 
 def prompt_callbacks() -> dict[str, Any]:
     """The approval and clarify callbacks, when a person is at a terminal to answer them."""
-    if not terminal_available() or not sys.stderr.isatty():
-        return {}
-    return {"approval_callback": ask_approval, "clarify_callback": ask_clarify}
+    return TerminalQuestions().callbacks()

@@ -11,13 +11,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from rich.console import Console, Group
+from rich.console import Console, ConsoleOptions, Group, RenderResult
 from rich.live import Live
 from rich.markdown import Markdown
 from rich.spinner import Spinner
 from rich.text import Text
 
 from mibyan.cli.progress import preview_arguments
+from mibyan.cli.prompts import TerminalQuestions
 
 _REPARSE_EVERY = 0.1
 
@@ -40,33 +41,76 @@ def price_of(model: str) -> tuple[float, float] | None:
     return PRICES[max(matches, key=len)] if matches else None
 
 
+class Waiting:
+    """A spinner that says how long the model has been working on a request."""
+
+    def __init__(self) -> None:
+        self.started = time.monotonic()
+        self._spinner = Spinner("dots", style="cyan")
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        self._spinner.update(text=Text(f" thinking… {time.monotonic() - self.started:.1f}s", style="dim"))
+        yield self._spinner
+
+
 class Renderer:
     """The REPL's callbacks: they draw on the console as the agent works."""
 
     def __init__(self, console: Console | None = None) -> None:
         self.console = console or Console(highlight=False)
         self.show_reasoning = True
+        self.questions = TerminalQuestions()
         self._answer: list[str] = []
         self._parsed_at = 0.0
         self._live: Live | None = None
         self._running: list[tuple[str, Spinner]] = []
+        self._waiting: Waiting | None = None
         self._tools_live: Live | None = None
+        self._in_turn = False
+        self._interrupted = False
+        self._mid_reasoning = False
         self._lock = threading.RLock()
 
     def callbacks(self) -> dict[str, Any]:
-        from mibyan.cli.prompts import prompt_callbacks
-
-        questions = {name: self.paused(ask) for name, ask in prompt_callbacks().items()}
+        questions = {name: self.paused(ask) for name, ask in self.questions.callbacks().items()}
         return {
             "stream_delta_callback": self.on_delta,
             "reasoning_callback": self.on_reasoning,
+            "thinking_callback": self.on_thinking,
             "tool_progress_callback": self.on_tool,
             "status_callback": self.on_status,
             **questions,
         }
 
+    def begin_turn(self) -> None:
+        with self._lock:
+            self._in_turn = True
+            self._interrupted = False
+
+    def interrupt(self) -> None:
+        """Ctrl-C: cancel any question at once, and stop drawing spinners before the notice prints."""
+        self.questions.cancel()
+        with self._lock:
+            self._interrupted = True
+            self._waiting = None
+            self._hide_activity()
+
+    def on_thinking(self, active: bool) -> None:
+        """A request left (True) or its first token or tool call came back (False)."""
+        with self._lock:
+            self._waiting = Waiting() if active and not self._interrupted else None
+            self._show_running()
+
+    def _end_reasoning(self) -> None:
+        if self._mid_reasoning:
+            self.console.print()
+            self._mid_reasoning = False
+
     def on_delta(self, text: str) -> None:
         with self._lock:
+            self._waiting = None
+            self._hide_activity()
+            self._end_reasoning()
             self._answer.append(text)
             if self._live is None:
                 self._live = Live(Markdown(""), console=self.console, refresh_per_second=12, transient=False)
@@ -79,9 +123,12 @@ class Renderer:
                 self._live.update(Markdown("".join(self._answer)))
 
     def on_reasoning(self, text: str) -> None:
-        if self.show_reasoning:
+        if self.show_reasoning and text:
             with self._lock:
+                self._waiting = None
+                self._hide_activity()
                 self.console.print(Text(text, style="dim italic"), end="")
+                self._mid_reasoning = not text.endswith("\n")
 
     def _close_answer(self) -> None:
         if self._live is not None:
@@ -94,7 +141,10 @@ class Renderer:
         """One line per tool call: a spinner while it runs, then its status and duration."""
         label = f"{name}({preview_arguments(detail.get('arguments'))})"
         with self._lock:
+            if not self._in_turn:  # a call the ended turn already closed as interrupted
+                return
             self._close_answer()
+            self._end_reasoning()
             self._answer = []
             if phase == "start":
                 self._running.append((label, Spinner("dots", text=Text(f" {label}", style="cyan"))))
@@ -102,17 +152,30 @@ class Renderer:
                 index = next((i for i, (running, _) in enumerate(self._running) if running == label), None)
                 if index is not None:
                     del self._running[index]
-                mark, style = ("✓", "green") if detail.get("ok") else ("✗", "red")
-                self.console.print(Text(f"  {mark} {label} · {detail.get('duration', 0):.1f}s", style=style))
+                duration = f" · {detail.get('duration', 0):.1f}s"
+                if self._interrupted:
+                    self._print_interrupted(label, duration)
+                else:
+                    mark, style = ("✓", "green") if detail.get("ok") else ("✗", "red")
+                    self.console.print(Text(f"  {mark} {label}{duration}", style=style))
             self._show_running()
 
+    def _print_interrupted(self, label: str, duration: str = "") -> None:
+        self.console.print(Text(f"  ✗ {label} · interrupted{duration}", style="yellow"))
+
+    def _hide_activity(self) -> None:
+        if self._tools_live is not None:
+            self._tools_live.stop()
+            self._tools_live = None
+
     def _show_running(self) -> None:
-        if not self._running:
-            if self._tools_live is not None:
-                self._tools_live.stop()
-                self._tools_live = None
+        if self._interrupted or not (self._running or self._waiting):
+            self._hide_activity()
             return
-        rows = Group(*(spinner for _, spinner in self._running))
+        if self._live is not None:  # rich draws one live display at a time: the answer's comes first
+            return
+        waiting = [self._waiting] if self._waiting is not None else []
+        rows = Group(*waiting, *(spinner for _, spinner in self._running))
         if self._tools_live is None:
             self._tools_live = Live(rows, console=self.console, refresh_per_second=10, transient=True)
             self._tools_live.start()
@@ -124,9 +187,7 @@ class Renderer:
 
         def asking(*args: Any) -> Any:
             with self._lock:
-                if self._tools_live is not None:
-                    self._tools_live.stop()
-                    self._tools_live = None
+                self._hide_activity()
             try:
                 return ask(*args)
             finally:
@@ -142,9 +203,14 @@ class Renderer:
 
     def end_turn(self, result: dict[str, Any], model: str) -> None:
         with self._lock:
+            self._in_turn = False
+            self._waiting = None
+            self._hide_activity()
+            for label, _ in self._running:  # calls that got no result before the turn stopped
+                self._print_interrupted(label)
             self._running = []
-            self._show_running()
             self._close_answer()
+            self._end_reasoning()
             if not self._answer and result.get("final_response"):
                 self.console.print(Markdown(result["final_response"]))
             self._answer = []

@@ -1,14 +1,16 @@
 """The interactive chat: a prompt_toolkit prompt that appears at once, the agent loading behind it.
 
 Start-up shows the prompt first; the configuration, the SDK and the session load on a background thread
-while the person types (the first answer waits for them if needed). Ctrl-C stops a running answer and
-returns to the prompt with the session valid; a second Ctrl-C within 2 s leaves with code 130; Ctrl-D
-or /exit leaves with 0.
+while the person types (the first answer waits for them if needed), then a one-line banner names the
+model, the provider and the session. Ctrl-C stops a running answer (or cancels a question, as a refusal)
+and returns to the prompt with the session valid; a second Ctrl-C within 2 s (`MIBYAN_CTRL_C_WINDOW`
+seconds) leaves with code 130; Ctrl-D or /exit leaves with 0.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import signal
@@ -19,6 +21,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from prompt_toolkit import PromptSession
+from prompt_toolkit.application import run_in_terminal
 from prompt_toolkit.completion import CompleteEvent, Completer, Completion
 from prompt_toolkit.document import Document
 from prompt_toolkit.history import FileHistory
@@ -35,6 +38,14 @@ if TYPE_CHECKING:
 
 _DOUBLE_PRESS = 2.0
 PROMPT = "› "
+
+
+def double_press_window() -> float:
+    """Seconds within which a second Ctrl-C leaves the chat (`MIBYAN_CTRL_C_WINDOW`, default 2)."""
+    try:
+        return max(0.0, float(os.environ.get("MIBYAN_CTRL_C_WINDOW", _DOUBLE_PRESS)))
+    except ValueError:
+        return _DOUBLE_PRESS
 
 
 class SlashCompleter(Completer):
@@ -69,8 +80,11 @@ class Repl:
         self._renderer: Renderer | None = None
         self._error: BaseException | None = None
         self._ready = threading.Event()
-        self._last_interrupt = 0.0
+        self._last_interrupt = float("-inf")
+        self._double_press = double_press_window()
         self._prompt_session: PromptSession[str] | None = None
+        self._banner_lock = threading.Lock()
+        self._banner_shown = False
         self.usage = {"input_tokens": 0, "output_tokens": 0, "cache_read_tokens": 0, "cache_write_tokens": 0}
 
     # -- the agent, loaded behind the prompt --------------------------------------------------------
@@ -91,6 +105,34 @@ class Repl:
             self._stop_prompt()
         finally:
             self._ready.set()
+        if self._error is None:
+            self._banner_above_prompt()
+
+    def _banner_above_prompt(self) -> None:
+        """Print the banner above the prompt being typed at; if none is running, the loop prints it."""
+        app = self._prompt_session.app if self._prompt_session is not None else None
+        loop = getattr(app, "loop", None)
+        if app is None or loop is None or not app.is_running:
+            return
+
+        def show() -> None:
+            if app.is_running:
+                run_in_terminal(self.show_banner)
+
+        # The prompt may end meanwhile and close its loop: then the banner waits for the next prompt.
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(show)
+
+    def show_banner(self) -> None:
+        """One line at the start: model, provider, session, and where help is (printed once)."""
+        with self._banner_lock:
+            if self._banner_shown or not self.ready():
+                return
+            self._banner_shown = True
+        agent = self.agent
+        runtime = agent.runtime
+        where = f"{runtime.model} via {runtime.provider}"
+        self.say(f"mibyan · {where} · session {agent.session_id} · /help for commands", style="dim")
 
     def _stop_prompt(self) -> None:
         """End the prompt the person is typing at, so a failed start-up is reported at once."""
@@ -127,7 +169,10 @@ class Repl:
         return self._renderer
 
     def replace_agent(self, *, session_id: str | None, model: str | None = None) -> None:
-        self._agent = self._build_agent(session_id, model or self.agent.runtime.model)
+        """A new agent for another session or model; /yolo and "for this session" answers carry over."""
+        previous = self.agent
+        self._agent = self._build_agent(session_id, model or previous.runtime.model)
+        self._agent.approvals.carry_over_from(previous.approvals)
 
     # -- output -------------------------------------------------------------------------------------
 
@@ -138,7 +183,7 @@ class Repl:
             print(text)
 
     def show_last_exchange(self) -> None:
-        messages = self.agent._history.messages
+        messages = self.agent.history
         last_user = next((m for m in reversed(messages) if m["role"] == "user"), None)
         if last_user is None:
             return
@@ -154,15 +199,19 @@ class Repl:
 
     def _on_sigint(self, signum: int, frame: FrameType | None) -> None:
         now = time.monotonic()
-        if now - self._last_interrupt < _DOUBLE_PRESS:
+        if now - self._last_interrupt < self._double_press:
             raise KeyboardInterrupt
         self._last_interrupt = now
+        if self._renderer is not None:
+            self._renderer.interrupt()
         if self._agent is not None:
             self._agent.interrupt()
         self.say("^C: stopping (^C again to exit)", style="yellow")
 
     def run_turn(self, text: str) -> None:
         agent = self.agent
+        self.show_banner()
+        self.renderer.begin_turn()
         previous = signal.signal(signal.SIGINT, self._on_sigint)
         try:
             result = agent.run_conversation(text)
@@ -198,8 +247,11 @@ class Repl:
     def loop(self) -> int:
         session = self._prompt_session = self._session()
         if self._session_id is not None:
+            self.wait_ready()
+            self.show_banner()
             self.show_last_exchange()
         while True:
+            self.show_banner()
             try:
                 text = session.prompt(PROMPT, pre_run=self.start_loading).strip()
             except EOFError:
@@ -208,7 +260,7 @@ class Repl:
                 return EXIT_OK
             except KeyboardInterrupt:
                 now = time.monotonic()
-                if now - self._last_interrupt < _DOUBLE_PRESS:
+                if now - self._last_interrupt < self._double_press:
                     return EXIT_INTERRUPTED
                 self._last_interrupt = now
                 print("^C again to exit")

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import re
 import shlex
 import shutil
 import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -37,7 +38,8 @@ class Terminal:
         self._tmux("send-keys", "-t", "chat", *keys)
 
     def screen(self) -> str:
-        return self._tmux("capture-pane", "-t", "chat", "-p", "-S", "-200")
+        # -J joins wrapped lines, so a long line reads the same at any width
+        return self._tmux("capture-pane", "-t", "chat", "-p", "-J", "-S", "-200")
 
     def wait_for(self, text: str, timeout: float = 15.0, *, count: int = 1) -> str:
         deadline = time.monotonic() + timeout
@@ -52,12 +54,28 @@ class Terminal:
         self._tmux("kill-server")
 
 
+StartChat = Callable[..., Terminal]
+
+
 @pytest.fixture
-def chat(server: ScriptedServer, home: Path) -> Iterator[Terminal]:
-    env = {"MIBYAN_HOME": str(home), "PYTHONPATH": str(ROOT), "TERM": "xterm-256color"}
-    terminal = Terminal([sys.executable, "-m", "mibyan.cli.main", "chat", "--base-url", server.base_url], env)
-    yield terminal
-    terminal.close()
+def start_chat(server: ScriptedServer, home: Path) -> Iterator[StartChat]:
+    """Start `mibyan chat` against the scripted server, with extra environment variables if given."""
+    started: list[Terminal] = []
+
+    def start(**env: str) -> Terminal:
+        environment = {"MIBYAN_HOME": str(home), "PYTHONPATH": str(ROOT), "TERM": "xterm-256color", **env}
+        command = [sys.executable, "-m", "mibyan.cli.main", "chat", "--base-url", server.base_url]
+        started.append(Terminal(command, environment))
+        return started[-1]
+
+    yield start
+    for terminal in started:
+        terminal.close()
+
+
+@pytest.fixture
+def chat(start_chat: StartChat) -> Terminal:
+    return start_chat()
 
 
 def test_a_two_turn_chat_with_a_tool_call(server: ScriptedServer, chat: Terminal) -> None:
@@ -76,19 +94,161 @@ def test_a_two_turn_chat_with_a_tool_call(server: ScriptedServer, chat: Terminal
     assert [m["role"] for m in server.requests[-1].body["messages"]][-2:] == ["assistant", "user"]
 
 
-def test_ctrl_c_stops_a_slow_reply_and_the_chat_goes_on(server: ScriptedServer, chat: Terminal) -> None:
+def test_ctrl_c_stops_a_slow_reply_and_the_chat_goes_on(
+    server: ScriptedServer, start_chat: StartChat
+) -> None:
     server.add(Reply(text="too late", delay=10), Reply(text="Back with you."))
+    chat = start_chat(MIBYAN_CTRL_C_WINDOW="0")  # no second press counts: every ^C is a first one
     chat.wait_for("›")
     chat.send("take your time", "Enter")
     assert server.wait_for_requests(1)
     chat.send("C-c")
     chat.wait_for("(interrupted)")
     chat.wait_for("›", count=2)
-    time.sleep(2.1)  # a second ^C within 2 s would leave the chat: this one must not
+    chat.send("C-c")  # a later ^C at the prompt only says how to leave
+    chat.wait_for("^C again to exit")
     chat.send("still there?", "Enter")
     chat.wait_for("Back with you.")
     sent = [m["content"] for m in server.requests[-1].body["messages"] if m["role"] == "user"]
     assert sent == ["take your time", "still there?"]
+
+
+def test_two_quick_ctrl_c_leave_the_chat_with_130(server: ScriptedServer, start_chat: StartChat) -> None:
+    server.add(Reply(text="too late", delay=10))
+    chat = start_chat(MIBYAN_CTRL_C_WINDOW="600")
+    chat.wait_for("›")
+    chat.send("take your time", "Enter")
+    assert server.wait_for_requests(1)
+    chat.send("C-c")
+    chat.wait_for("^C again to exit")
+    chat.send("C-c")
+    assert "EXIT=130" in chat.wait_for("EXIT=")
+
+
+def test_ctrl_c_at_an_approval_question_refuses_at_once_and_the_next_line_reaches_the_chat(
+    server: ScriptedServer, chat: Terminal, tmp_path: Path
+) -> None:
+    victim = tmp_path / "precious"
+    victim.mkdir()
+    server.add(
+        Reply(tool_calls=[("terminal", {"command": f"rm -r {victim}"})]),
+        Reply(text="Back with you."),
+    )
+    chat.wait_for("›")
+    chat.send("clean up", "Enter")
+    chat.wait_for("Run it? [o]nce")
+    chat.send("C-c")
+    chat.wait_for("(interrupted)")
+    chat.wait_for("›", count=2)
+    chat.send("still there?", "Enter")
+    screen = chat.wait_for("Back with you.")
+    assert victim.exists()
+    after = screen[screen.index("› still there?") :]
+    assert "terminal" not in after and "denied" not in after  # nothing of the question comes late
+    messages = server.requests[-1].body["messages"]
+    assert [m["content"] for m in messages if m["role"] == "user"] == ["clean up", "still there?"]
+    tool = next(m for m in messages if m["role"] == "tool")
+    assert tool["content"].startswith("denied by user")
+
+
+def test_an_interrupted_tool_is_shown_as_interrupted_without_a_spinner(
+    server: ScriptedServer, chat: Terminal
+) -> None:
+    server.add(Reply(tool_calls=[("terminal", {"command": "sleep 30"})]), Reply(text="unused"))
+    chat.wait_for("›")
+    chat.send("wait a while", "Enter")
+    chat.wait_for("terminal(command='sleep 30')")
+    chat.send("C-c")
+    chat.wait_for("(interrupted)")
+    screen = chat.wait_for("›", count=2)
+    lines = [line for line in screen.splitlines() if "terminal(command='sleep 30')" in line]
+    assert len(lines) == 1 and "interrupted" in lines[0] and "✓" not in lines[0]
+    assert not re.search("[\u2800-\u28ff]", screen), "a spinner frame was left on the screen"
+
+
+def test_yolo_lasts_after_a_new_session(server: ScriptedServer, chat: Terminal, tmp_path: Path) -> None:
+    victim = tmp_path / "scratch"
+    victim.mkdir()
+    server.add(Reply(tool_calls=[("terminal", {"command": f"rm -r {victim}"})]), Reply(text="Cleaned."))
+    chat.wait_for("›")
+    chat.send("/yolo", "Enter")
+    chat.wait_for("yolo on")
+    chat.send("/new", "Enter")
+    chat.wait_for("new session")
+    chat.send("clean up", "Enter")
+    screen = chat.wait_for("Cleaned.")
+    assert not victim.exists() and "Run it?" not in screen
+
+
+def test_an_answer_for_the_session_lasts_after_a_model_change(
+    server: ScriptedServer, chat: Terminal, tmp_path: Path
+) -> None:
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir()
+    second.mkdir()
+    server.add(
+        Reply(tool_calls=[("terminal", {"command": f"rm -r {first}"})]),
+        Reply(text="First gone."),
+        Reply(tool_calls=[("terminal", {"command": f"rm -r {second}"})]),
+        Reply(text="Second gone."),
+    )
+    chat.wait_for("›")
+    chat.send("clean the first", "Enter")
+    chat.wait_for("Run it? [o]nce")
+    chat.send("s", "Enter")
+    chat.wait_for("First gone.")
+    chat.send("/model gpt-4o", "Enter")
+    chat.wait_for("gpt-4o via")
+    chat.send("clean the second", "Enter")
+    screen = chat.wait_for("Second gone.")
+    assert not first.exists() and not second.exists()
+    assert screen.count("Run it?") == 1
+    assert server.requests[-1].body["model"] == "gpt-4o"
+
+
+def test_resume_of_an_unknown_id_says_so_and_the_chat_goes_on(server: ScriptedServer, chat: Terminal) -> None:
+    server.add(Reply(text="Still here."))
+    chat.wait_for("›")
+    chat.send("/resume zzzz", "Enter")
+    chat.wait_for("no session 'zzzz'")
+    chat.send("hello", "Enter")
+    screen = chat.wait_for("Still here.")
+    assert "EXIT=" not in screen
+
+
+def test_a_banner_at_start_and_a_spinner_until_the_first_token(
+    server: ScriptedServer, start_chat: StartChat, home: Path
+) -> None:
+    server.add(Reply(text="too late", delay=30), Reply(text="Quick answer."))
+    chat = start_chat(MIBYAN_CTRL_C_WINDOW="0")
+    banner = next(
+        line for line in chat.wait_for("/help for commands").splitlines() if "/help for commands" in line
+    )
+    assert "gpt-4o-mini via openai" in banner
+    chat.send("take your time", "Enter")
+    chat.wait_for("thinking…")
+    assert re.search(r"thinking… \d+\.\ds", chat.screen())
+    chat.send("C-c")
+    chat.wait_for("(interrupted)")
+    chat.send("quick now", "Enter")
+    screen = chat.wait_for("Quick answer.")
+    assert "thinking…" not in screen  # the spinner goes when the answer comes, leaving no trace
+    from agent_state import SessionStore
+
+    store = SessionStore.open(home)
+    try:
+        assert f"session {store.most_recent()}" in banner
+    finally:
+        store.close()
+
+
+def test_reasoning_and_the_answer_are_on_separate_lines(server: ScriptedServer, chat: Terminal) -> None:
+    server.add(Reply(reasoning="Two and two make four.", text="The answer is 4."))
+    chat.wait_for("›")
+    chat.send("what is 2+2?", "Enter")
+    screen = chat.wait_for("The answer is 4.")
+    line = next(line for line in screen.splitlines() if "The answer is 4." in line)
+    assert "Two and two" not in line and "Two and two make four." in screen
 
 
 def test_resume_shows_the_last_exchange_and_continues(
@@ -124,13 +284,23 @@ def test_a_denied_command_does_not_run(server: ScriptedServer, chat: Terminal, t
     assert tool["content"].startswith("denied by user")
 
 
-def test_a_broken_config_ends_the_chat_at_once_with_one_line(server: ScriptedServer, home: Path) -> None:
+def test_a_broken_config_ends_the_chat_at_once_with_one_line(start_chat: StartChat, home: Path) -> None:
     (home / "config.yaml").write_text("agent:\n  colour: blue\n")
-    env = {"MIBYAN_HOME": str(home), "PYTHONPATH": str(ROOT), "TERM": "xterm-256color"}
-    terminal = Terminal([sys.executable, "-m", "mibyan.cli.main", "chat", "--base-url", server.base_url], env)
-    try:
-        screen = terminal.wait_for("EXIT=")
-    finally:
-        terminal.close()
-    assert "agent.colour: unknown key" in screen.replace("\n", "")  # the terminal wraps the long line
+    screen = start_chat().wait_for("EXIT=")
+    assert "agent.colour: unknown key" in screen
     assert "EXIT=2" in screen and "Traceback" not in screen
+
+
+def test_retry_asks_again_and_undo_forgets_the_turn(server: ScriptedServer, chat: Terminal) -> None:
+    server.add(Reply(text="First try."), Reply(text="Second try."))
+    chat.wait_for("›")
+    chat.send("what now?", "Enter")
+    chat.wait_for("First try.")
+    chat.send("/retry", "Enter")
+    chat.wait_for("Second try.")
+    assert [m["content"] for m in server.requests[-1].body["messages"][1:]] == ["what now?"]
+    chat.send("/undo", "Enter")
+    chat.wait_for("forgot: what now?")
+    chat.send("/tools", "Enter")
+    screen = chat.wait_for("read_file")
+    assert "terminal" in screen
