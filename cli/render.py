@@ -141,17 +141,17 @@ class Renderer:
         """One line per tool call: a spinner while it runs, then its status and duration."""
         label = f"{name}({preview_arguments(detail.get('arguments'))})"
         with self._lock:
-            if not self._in_turn:  # a call the ended turn already closed as interrupted
-                return
+            index = next((i for i, (running, _) in enumerate(self._running) if running == label), None)
+            if not self._in_turn or (phase != "start" and index is None):
+                return  # the end of a call an earlier turn already closed as interrupted
             self._close_answer()
             self._end_reasoning()
             self._answer = []
             if phase == "start":
                 self._running.append((label, Spinner("dots", text=Text(f" {label}", style="cyan"))))
             else:
-                index = next((i for i, (running, _) in enumerate(self._running) if running == label), None)
-                if index is not None:
-                    del self._running[index]
+                assert index is not None
+                del self._running[index]
                 duration = f" · {detail.get('duration', 0):.1f}s"
                 if self._interrupted:
                     self._print_interrupted(label, duration)

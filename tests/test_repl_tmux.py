@@ -147,8 +147,6 @@ def test_ctrl_c_at_an_approval_question_refuses_at_once_and_the_next_line_reache
     assert "terminal" not in after and "denied" not in after  # nothing of the question comes late
     messages = server.requests[-1].body["messages"]
     assert [m["content"] for m in messages if m["role"] == "user"] == ["clean up", "still there?"]
-    tool = next(m for m in messages if m["role"] == "tool")
-    assert tool["content"].startswith("denied by user")
 
 
 def test_an_interrupted_tool_is_shown_as_interrupted_without_a_spinner(
