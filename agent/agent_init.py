@@ -19,7 +19,7 @@ from mibyan.config.loader import (
     load_settings,
     mibyan_home,
 )
-from mibyan.config.paths import private_dir
+from mibyan.config.paths import write_private
 
 if TYPE_CHECKING:
     from mibyan.agent.adapters.base import Adapter
@@ -290,12 +290,7 @@ def remember_approval(home: Path, key: str) -> None:
     always = approvals.setdefault("always", [])
     if key not in always:
         always.append(key)
-    private_dir(home)
-    temporary = path.with_name(".config.yaml.mibyan-tmp")
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        yaml.safe_dump(data, handle, sort_keys=False)
-    os.replace(temporary, path)
+    write_private(path, yaml.safe_dump(data, sort_keys=False).encode())
 
 
 def make_skill_matcher(settings: AgentSettings) -> Any:

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 from collections.abc import Sequence
+from typing import TextIO
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -18,6 +20,8 @@ EXIT_INTERRUPTED = 130
 
 API_MODES = ("chat_completions", "codex_responses", "anthropic_messages")
 VERSION = "0.1.0"
+
+_python_show_warning = warnings.showwarning
 
 
 class _Parser(argparse.ArgumentParser):
@@ -118,13 +122,45 @@ def build_parser() -> argparse.ArgumentParser:
         dest="action", metavar="ACTION", parser_class=_Parser, required=True
     )
     skill_actions.add_parser("list", help="name, description and trigger words of each skill")
+    _add_trust_command(commands)
     return parser
+
+
+def _add_trust_command(commands: argparse._SubParsersAction[_Parser]) -> None:
+    trust = commands.add_parser(
+        "trust",
+        help="let a project's .mibyan/config.yaml set keys, hooks and commands",
+        description="An untrusted project's .mibyan/config.yaml may not run commands, choose where your "
+        "key is sent, add hooks or loosen approvals, tools or the sandbox. Trust records the folder and "
+        "the file's sha256 in your mibyan home; an edited file is untrusted again.",
+    )
+    trust.add_argument("path", nargs="?", metavar="PATH", help="the project folder (default: here)")
+    trust.add_argument("--list", action="store_true", help="the trusted folders")
+    trust.add_argument("--remove", metavar="PATH", help="stop trusting a folder")
+
+
+def _show_warning(
+    message: Warning | str,
+    category: type[Warning],
+    filename: str,
+    lineno: int,
+    file: TextIO | None = None,
+    line: str | None = None,
+) -> None:
+    """Warnings meant for the user (an untrusted project's ignored keys) are one plain line."""
+    from mibyan.config.trust import UntrustedConfigWarning
+
+    if issubclass(category, UntrustedConfigWarning):
+        sys.stderr.write(f"mibyan: {message}\n")
+    else:
+        _python_show_warning(message, category, filename, lineno, file, line)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `mibyan` console script."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    warnings.showwarning = _show_warning
     if args.command is None:
         parser.print_help()
         return EXIT_OK
@@ -137,6 +173,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from mibyan.cli.sessions import run_skills
 
             return run_skills(args)
+        if args.command == "trust":
+            from mibyan.cli.trust import run_trust
+
+            return run_trust(args)
         if args.command == "sessions":
             from mibyan.cli.sessions import run_sessions
 
