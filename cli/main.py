@@ -32,6 +32,24 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(EXIT_USAGE)
 
 
+def _positive_int(text: str) -> int:
+    """An argparse type: a whole number of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, not {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
+def _session_id(text: str) -> str:
+    """An argparse type: a session id or prefix, which cannot be empty (it would match every session)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("the session id is empty")
+    return text
+
+
 def _add_agent_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-m", "--model", help="model name (default: model.name in config)")
     parser.add_argument("--provider", help="provider from the config: openai, anthropic, openrouter, ...")
@@ -43,7 +61,7 @@ def _add_agent_options(parser: argparse.ArgumentParser) -> None:
         help=f"wire API: {', '.join(API_MODES)} (default: resolved from the provider)",
     )
     parser.add_argument(
-        "--max-turns", type=int, metavar="N", help="model calls one prompt may make (default 500)"
+        "--max-turns", type=_positive_int, metavar="N", help="model calls one prompt may make (default 500)"
     )
     parser.add_argument("--toolsets", metavar="LIST", help="comma-separated toolsets the model may use")
     parser.add_argument(
@@ -100,22 +118,25 @@ def build_parser() -> argparse.ArgumentParser:
     )
     actions = sessions.add_subparsers(dest="action", metavar="ACTION", parser_class=_Parser, required=True)
     listing = actions.add_parser("list", help="sessions, newest first")
-    listing.add_argument("-n", "--limit", type=int, default=30, help="how many (default 30)")
+    listing.add_argument("-n", "--limit", type=_positive_int, default=30, help="how many (default 30)")
+    listing.add_argument("--json", action="store_true", help="a JSON array of sessions")
     show = actions.add_parser("show", help="print a session's messages")
-    show.add_argument("id")
+    show.add_argument("id", type=_session_id)
+    show.add_argument("--json", action="store_true", help="the session and its messages as JSON")
     search = actions.add_parser("search", help="full-text search over every message")
     search.add_argument("query", nargs="+")
     search.add_argument("--role", choices=("user", "assistant", "tool"), help="only messages of this role")
     search.add_argument("--since", metavar="WHEN", help="only newer messages: 7d, 12h or 2026-11-01")
-    search.add_argument("-n", "--limit", type=int, default=20, help="how many hits (default 20)")
+    search.add_argument("-n", "--limit", type=_positive_int, default=20, help="how many hits (default 20)")
+    search.add_argument("--json", action="store_true", help="a JSON array of hits")
     export = actions.add_parser("export", help="write a session as JSONL (or Markdown) to stdout")
-    export.add_argument("id")
+    export.add_argument("id", type=_session_id)
     export.add_argument("--format", choices=("jsonl", "md"), default="jsonl")
     delete = actions.add_parser("delete", help="delete a session and its descendants")
-    delete.add_argument("id")
+    delete.add_argument("id", type=_session_id)
     delete.add_argument("-y", "--yes", action="store_true", help="do not ask")
     rename = actions.add_parser("rename", help="give a session a title")
-    rename.add_argument("id")
+    rename.add_argument("id", type=_session_id)
     rename.add_argument("title", nargs="+")
     skills = commands.add_parser("skills", help="the skills installed for you and this project")
     skill_actions = skills.add_subparsers(
