@@ -12,9 +12,10 @@ import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlparse
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from mibyan.agent.errors import ConfigError
 from mibyan.config.paths import mibyan_home
@@ -44,12 +45,25 @@ class ModelSettings(_Section):
     context_window: int | None = Field(default=None, gt=0)
 
 
+def check_base_url(url: str) -> str:
+    """`url` if it is an http(s) address with a host; ValueError saying what is expected otherwise."""
+    parsed = urlparse(url)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise ValueError(f"must be an http(s) URL such as https://api.openai.com/v1, not {url!r}")
+    return url
+
+
 class ProviderSettings(_Section):
     api_mode: ApiMode | None = None
     base_url: str | None = None
     api_key_env: str | None = None
     api_key_command: str | None = None
     api_key: str | None = None
+
+    @field_validator("base_url")
+    @classmethod
+    def _an_http_url(cls, url: str | None) -> str | None:
+        return None if url is None else check_base_url(url)
 
 
 class FallbackSettings(_Section):
@@ -215,6 +229,7 @@ def _validate(data: Mapping[str, Any], source: str) -> AgentSettings:
         first = exc.errors()[0]
         key = ".".join(str(part) for part in first["loc"]) or "(top level)"
         message = "unknown key" if first["type"] == "extra_forbidden" else first["msg"]
+        message = message.removeprefix("Value error, ")
         raise ConfigError(f"{source}: {key}: {message}") from None
 
 
