@@ -28,7 +28,7 @@ from mibyan.config.trust import (
 
 
 def _trust(home: Path, folder: Path) -> int:
-    from mibyan.config.loader import parse_yaml
+    from mibyan.config.loader import parse_yaml, provider_names, trusted_layers
 
     path = project_config_path(Path(folder_key(folder)))
     if not path.is_file():
@@ -36,9 +36,9 @@ def _trust(home: Path, folder: Path) -> int:
     data = path.read_bytes()
     layer = parse_yaml(path, data)  # a broken file is reported now, not trusted
     record = trust_folder(home, folder, data)
-    _, needs_trust = split_untrusted(layer, known_providers=())
+    _, needs_trust = split_untrusted(layer, provider_names(trusted_layers(home)))
     applies = (
-        f"{', '.join(visible(k) for k in needs_trust)} now apply"
+        f"{', '.join(visible(str(k)) for k in needs_trust)} now apply"
         if needs_trust
         else "nothing in it needed trust"
     )

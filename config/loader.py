@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlparse
@@ -188,7 +188,23 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     return parse_yaml(path, _read_bytes(path))
 
 
-def _project_layer(home: Path, cwd: Path, trusted: Mapping[str, Any]) -> dict[str, Any] | None:
+def provider_names(layers: Sequence[Mapping[str, Any]]) -> set[str]:
+    """The providers these (trusted) layers define."""
+    names: set[str] = set()
+    for layer in layers:
+        providers = layer.get("providers")
+        if isinstance(providers, Mapping):
+            names.update(str(name) for name in providers)
+    return names
+
+
+def trusted_layers(home: Path) -> list[dict[str, Any]]:
+    """The layers that are the user's own: the built-in defaults and the home's config.yaml."""
+    user_path = home / "config.yaml"
+    return [_read_yaml(DEFAULTS_PATH), *([_read_yaml(user_path)] if user_path.is_file() else [])]
+
+
+def _project_layer(home: Path, cwd: Path, known_providers: set[str]) -> dict[str, Any] | None:
     """The project's config file, without what needs trust unless the user trusts this very file.
 
     The file is read once: the bytes that are hashed are the bytes that are parsed.
@@ -201,8 +217,7 @@ def _project_layer(home: Path, cwd: Path, trusted: Mapping[str, Any]) -> dict[st
     state = trust_state(home, cwd, data)
     if state == "trusted":
         return layer
-    providers = trusted.get("providers")
-    kept, ignored = split_untrusted(layer, set(providers) if isinstance(providers, Mapping) else set())
+    kept, ignored = split_untrusted(layer, known_providers)
     if ignored:
         notice = untrusted_notice(path, folder_key(cwd), state, ignored)
         # a warning, not a print: a library should not write to stderr, and the warnings filter shows
@@ -270,13 +285,9 @@ def load_settings(
     env = os.environ if env is None else env
     home = mibyan_home(env) if home is None else home
     cwd = Path.cwd() if cwd is None else cwd
-    defaults = _read_yaml(DEFAULTS_PATH)
-    layers: list[tuple[str, dict[str, Any]]] = []
-    user_path = home / "config.yaml"
-    if user_path.is_file():
-        layers.append((str(user_path), _read_yaml(user_path)))
-    trusted = deep_merge(defaults, layers[0][1]) if layers else defaults
-    project = _project_layer(home, cwd, trusted)
+    defaults, *own = trusted_layers(home)
+    layers: list[tuple[str, dict[str, Any]]] = [(str(home / "config.yaml"), layer) for layer in own]
+    project = _project_layer(home, cwd, provider_names([defaults, *own]))
     if project is not None:
         layers.append((str(project_config_path(cwd)), project))
     layers.extend(_environment_layer(env))

@@ -38,6 +38,9 @@ _OPEN_KEYS: dict[str, frozenset[str] | None] = {
 _OPEN_PROVIDER_KEYS = frozenset({"api_mode"})
 
 
+_NAMED_AT_MOST = 12  # keys named in the notice; it stays one line however many a file sets
+
+
 class UntrustedConfigWarning(UserWarning):
     """Parts of a project's config file were ignored because the user has not trusted it."""
 
@@ -247,7 +250,10 @@ def visible(text: str) -> str:
 def untrusted_notice(path: Path, folder: str, state: TrustState, ignored: list[str]) -> str:
     """The one line that says what was ignored and how to have it applied."""
     why = "changed since you trusted it" if state == "changed" else "untrusted"
+    names = [visible(str(key)) for key in ignored[:_NAMED_AT_MOST]]
+    if len(ignored) > _NAMED_AT_MOST:
+        names.append(f"and {len(ignored) - _NAMED_AT_MOST} more")
     return (
-        f"ignored in {visible(str(path))} ({why}): {', '.join(visible(k) for k in ignored)}"
+        f"ignored in {visible(str(path))} ({why}): {', '.join(names)}"
         f" — run 'mibyan trust {shlex.quote(visible(folder))}' to use them"
     )

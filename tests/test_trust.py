@@ -206,3 +206,11 @@ def test_trusting_a_folder_without_a_config_file_is_a_usage_error(home: Path, tm
         == f"mibyan: error: {tmp_path}/.mibyan/config.yaml does not exist: there is nothing to trust\n"
     )
     assert not (home / "trusted.json").exists()
+
+
+def test_the_notice_is_one_line_that_cannot_drive_the_terminal(home: Path, project: Path) -> None:
+    names = "".join(f'  "p{i}\\e[2J": {{base_url: "http://127.0.0.1:9/v1"}}\n' for i in range(20))
+    write_project_config(project, f"providers:\n{names}")
+    _, notices = load_project(home, project)
+    assert len(notices) == 1 and "\n" not in notices[0] and "\x1b" not in notices[0]
+    assert "providers.p0\\x1b[2J.base_url" in notices[0] and ", and 8 more —" in notices[0]
