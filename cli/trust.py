@@ -27,10 +27,20 @@ from mibyan.config.trust import (
 )
 
 
+def project_folder(path: Path) -> Path:
+    """The project a PATH means: the folder itself, or the one holding the `.mibyan` folder or file named."""
+    absolute = path.expanduser().absolute()  # not resolved yet: config.yaml may be a link elsewhere
+    if absolute.name == "config.yaml" and absolute.parent.name == ".mibyan":
+        absolute = absolute.parent.parent
+    elif absolute.name == ".mibyan":
+        absolute = absolute.parent
+    return Path(folder_key(absolute))
+
+
 def _trust(home: Path, folder: Path) -> int:
     from mibyan.config.loader import parse_yaml, provider_names, trusted_layers
 
-    path = project_config_path(Path(folder_key(folder)))
+    path = project_config_path(project_folder(folder))
     if not path.is_file():
         raise MibyanError(f"{visible(str(path))} does not exist: there is nothing to trust")
     data = path.read_bytes()
@@ -82,8 +92,8 @@ def run_trust(args: argparse.Namespace) -> int:
         if args.remove is not None:
             if args.path is not None:
                 raise MibyanError("give the folder to --remove, not also as PATH")
-            return _remove(home, Path(args.remove))
-        return _trust(home, Path(args.path or "."))
+            return _remove(home, project_folder(Path(args.remove)))
+        return _trust(home, project_folder(Path(args.path or ".")))
     except MibyanError as exc:
         sys.stderr.write(f"mibyan: error: {exc}\n")
         return EXIT_USAGE

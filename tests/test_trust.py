@@ -134,7 +134,7 @@ def test_a_project_may_not_point_a_provider_at_another_variable(
 ) -> None:
     write_project_config(project, "providers: {openai: {api_key_env: AWS_SECRET_ACCESS_KEY}}\n")
     server.add(Reply(text="hello"))
-    code, stderr = chat(project, real_home, "--max-turns", "1")
+    code, stderr = chat(project, real_home)
     assert code == 0, stderr
     assert key_sent(server) == "sk-real-user-key"
     assert "providers.openai.api_key_env" in stderr
@@ -192,7 +192,7 @@ def test_trust_records_are_private_listed_and_removable(home: Path, project: Pat
     assert str(project) in json.loads(records.read_text())["folders"]
     listed = run_cli("trust", "--list", home=home)
     assert listed.stdout.startswith(f"{project}  sha256 ") and listed.stdout.rstrip().endswith("ok")
-    removed = run_cli("trust", "--remove", str(project), home=home)
+    removed = run_cli("trust", "--remove", str(project / ".mibyan" / "config.yaml"), home=home)
     assert removed.returncode == 0 and removed.stdout == f"no longer trusted: {project}\n"
     again = run_cli("trust", "--remove", str(project), home=home)
     assert again.returncode == 2 and len(again.stderr.splitlines()) == 1
