@@ -12,11 +12,42 @@ from collections.abc import Iterable
 from typing import Any
 
 from mibyan.agent.adapters.base import ToolSchema
-from mibyan.agent.errors import ToolError
+from mibyan.agent.errors import ConfigError, ToolError
 from mibyan.tools import builtin  # noqa: F401  (registers the built-in tools)
 from mibyan.tools.registry import ToolSpec, get_tool, select_tools
 
 log = logging.getLogger("mibyan.tools")
+
+
+def known_toolsets() -> list[str]:
+    """The toolsets one may select: those of the registered tools, and "all"."""
+    return sorted({"all", *(spec.toolset for spec in select_tools(["all"]))})
+
+
+def check_tool_selection(
+    toolsets: Iterable[str],
+    *,
+    allow: Iterable[str] = (),
+    deny: Iterable[str] = (),
+    where: str = "tools.toolsets",
+) -> None:
+    """Refuse toolset and tool names the registry does not know: a typo would silently take tools away.
+
+    Tools of MCP servers (`mcp__<server>__<tool>`) are registered as their servers start, so their names
+    are left to the MCP configuration to check.
+
+    Raises:
+        ConfigError: naming the unknown name and the known ones.
+    """
+    toolset_names = known_toolsets()
+    for name in toolsets:
+        if name not in toolset_names:
+            raise ConfigError(f"{where}: unknown toolset {name!r} (known: {', '.join(toolset_names)})")
+    tool_names = sorted(spec.name for spec in select_tools(["all"]))
+    for key, names in (("allow", allow), ("deny", deny)):
+        for name in names:
+            if name not in tool_names and not name.startswith("mcp__"):
+                raise ConfigError(f"tools.{key}: unknown tool {name!r} (known: {', '.join(tool_names)})")
 
 
 def get_tool_definitions(

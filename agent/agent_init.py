@@ -16,10 +16,11 @@ from mibyan.config.loader import (
     API_MODES,
     AgentSettings,
     ProviderSettings,
+    check_base_url,
     load_settings,
     mibyan_home,
 )
-from mibyan.config.paths import private_dir
+from mibyan.config.paths import write_private
 
 if TYPE_CHECKING:
     from mibyan.agent.adapters.base import Adapter
@@ -93,8 +94,12 @@ def resolve_runtime(
     api_mode: str | None,
     env: Mapping[str, str],
     fallback_index: int = 0,
+    home: Path | None = None,
 ) -> ProviderRuntime:
-    """Work out the provider runtime; a missing key is a ConfigError saying how to provide one."""
+    """Work out the provider runtime; a missing key is a ConfigError saying how to provide one.
+
+    `home` is named in that message (`$MIBYAN_HOME` from `env` when omitted).
+    """
     config = settings.providers.get(provider)
     if config is None:
         known = ", ".join(sorted(settings.providers))
@@ -102,13 +107,19 @@ def resolve_runtime(
     url = base_url or config.base_url
     if not url:
         raise ConfigError(f"providers.{provider}.base_url: not set; give the provider's API address")
+    if base_url:
+        try:
+            check_base_url(base_url)
+        except ValueError as exc:
+            raise ConfigError(f"base_url: {exc}") from None
     key = api_key or read_api_key(config, env)
     if not key:
         if not is_loopback(url):
             variable = config.api_key_env or f"providers.{provider}.api_key_env"
+            config_file = (home or mibyan_home(env)) / "config.yaml"
             raise ConfigError(
                 f"no API key for provider '{provider}': set {variable}, or choose another provider "
-                "with --provider / model.provider in ~/.mibyan/config.yaml"
+                f"with --provider / model.provider in {config_file}"
             )
         key = "not-needed"  # local servers (llama.cpp, vLLM, Ollama) take any key
     return ProviderRuntime(
@@ -131,6 +142,8 @@ def settings_overrides(
     fallback_providers: list[dict[str, Any]] | None,
 ) -> dict[str, Any]:
     """Constructor arguments in the shape of the configuration files (the last layer)."""
+    if max_iterations is not None and max_iterations < 1:
+        raise ConfigError(f"max_iterations: must be at least 1, not {max_iterations}")
     overrides: dict[str, Any] = {}
     model_layer = {k: v for k, v in (("name", model), ("provider", provider)) if v}
     if model_layer:
@@ -221,7 +234,7 @@ def init_agent(
     from mibyan.agent.interruptible import InterruptSignal
     from mibyan.agent.tokens import TokenEstimator, context_window_for
     from mibyan.tools.approval import ApprovalPolicy
-    from model_tools import get_tool_definitions
+    from model_tools import check_tool_selection, get_tool_definitions
 
     agent.callbacks = Callbacks.from_kwargs(callbacks)
     overrides = settings_overrides(
@@ -244,6 +257,7 @@ def init_agent(
         api_key=api_key,
         api_mode=api_mode,
         env=os.environ,
+        home=home_path,
     )
     agent._primary_runtime = agent.runtime
     agent._failed_providers = {}
@@ -262,6 +276,7 @@ def init_agent(
         timeout=settings.approvals.timeout,
         save_always=lambda key: remember_approval(home_path, key),
     )
+    check_tool_selection(settings.tools.toolsets, allow=settings.tools.allow, deny=settings.tools.deny)
     agent._tool_schemas = get_tool_definitions(
         settings.tools.toolsets,
         allow=settings.tools.allow,
@@ -290,12 +305,7 @@ def remember_approval(home: Path, key: str) -> None:
     always = approvals.setdefault("always", [])
     if key not in always:
         always.append(key)
-    private_dir(home)
-    temporary = path.with_name(".config.yaml.mibyan-tmp")
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        yaml.safe_dump(data, handle, sort_keys=False)
-    os.replace(temporary, path)
+    write_private(path, yaml.safe_dump(data, sort_keys=False).encode())
 
 
 def make_skill_matcher(settings: AgentSettings) -> Any:

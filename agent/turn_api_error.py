@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 from agent_state import SessionStore
 from mibyan.agent.adapters.base import Adapter, NormalizedResponse, ToolSchema
@@ -196,7 +197,7 @@ class ApiErrorMixin:
             wait_cap = self.settings.agent.max_retry_wait
             asks_too_long = error.retry_after is not None and error.retry_after > wait_cap
             if not error.retryable or attempt >= retries or (asks_too_long and self._has_fallback()):
-                return Failed(error)
+                return Failed(located(error, self.runtime))
             delay = backoff_delay(attempt, error.retry_after, wait_cap)
             attempt += 1
             self.callbacks.emit(
@@ -275,6 +276,22 @@ class ApiErrorMixin:
         """At a new user turn the primary provider gets another chance."""
         if self.runtime is not self._primary_runtime:
             self._switch_runtime(self._primary_runtime, "new turn: trying the primary again")
+
+
+def located(error: ProviderError, runtime: ProviderRuntime) -> ProviderError:
+    """The same error, its message naming the provider and the address it was sent to."""
+    parsed = urlparse(runtime.base_url)
+    host = parsed.hostname or ""
+    netloc = f"[{host}]" if ":" in host else host
+    if parsed.port is not None:
+        netloc += f":{parsed.port}"
+    address = parsed._replace(netloc=netloc, query="", fragment="").geturl()  # no user:password@, no ?key=
+    return ProviderError(
+        f"{error} ({runtime.provider} at {address})",
+        reason=error.reason,
+        status=error.status,
+        retry_after=error.retry_after,
+    )
 
 
 def failover_cause(outcome: object) -> ProviderError | None:

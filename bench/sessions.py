@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 import statistics
 import sys
@@ -65,6 +66,21 @@ def insert_cost(
     return samples
 
 
+SEARCH_FLOOR_MS = 50.0  # what `sessions search` may add to `mibyan --help`; the query itself is a few ms
+
+
+def bench_search_command(home: Path) -> None:
+    """Wall time of `mibyan sessions search` minus `mibyan --help`, run alternately, beside its floor."""
+    from bench.run import RUNS, mibyan_command, wall
+
+    env = {**os.environ, "MIBYAN_HOME": str(home), "PYTHONPATH": str(ROOT)}
+    search = [*mibyan_command(), "sessions", "search", "zanzibarite"]
+    extra = []
+    for _ in range(RUNS):
+        extra.append(wall(search, env, runs=1)[0] - wall([*mibyan_command(), "--help"], env, runs=1)[0])
+    show("`mibyan sessions search` minus `--help`, 110,000", extra, [SEARCH_FLOOR_MS])
+
+
 def main() -> None:
     rng = random.Random(7)
     with tempfile.TemporaryDirectory() as tmp:
@@ -104,6 +120,7 @@ def main() -> None:
             store.search("alpha bravo", limit=20)
             common.append((time.perf_counter() - began) * 1000)
         show("search two common words, top 20 of 110,000", common)
+        bench_search_command(home)
         ratio = statistics.median(at_10k) / statistics.median(at_100)
         print(f"  median ratio insert@10k / insert@100: {ratio:.2f}")
 

@@ -58,6 +58,10 @@ def make_agent(
 
     setup_logging(mibyan_home())
     toolsets = [t.strip() for t in args.toolsets.split(",") if t.strip()] if args.toolsets else None
+    if toolsets is not None:
+        from model_tools import check_tool_selection
+
+        check_tool_selection(toolsets, where="--toolsets")
     return AIAgent(
         model=model or args.model,
         provider=args.provider,
@@ -97,6 +101,11 @@ def _one_shot(agent: AIAgent, prompt: str, args: argparse.Namespace, progress: P
         sys.stdout.write("\n")
     elif not progress.streamed_answer and result["final_response"]:
         sys.stdout.write(result["final_response"] + "\n")
+    if not args.quiet:
+        # so a script can continue the conversation with --resume
+        sys.stderr.write(
+            f"mibyan: session {agent.session_id} (resume with: mibyan chat --resume {agent.session_id})\n"
+        )
     if result["error"]:
         sys.stderr.write(f"mibyan: {result['error']}\n")
     elif result["exit_reason"] == "budget_exhausted":

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 from collections.abc import Sequence
+from typing import TextIO
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -19,6 +21,8 @@ EXIT_INTERRUPTED = 130
 API_MODES = ("chat_completions", "codex_responses", "anthropic_messages")
 VERSION = "0.1.0"
 
+_python_show_warning = warnings.showwarning
+
 
 class _Parser(argparse.ArgumentParser):
     """argparse that reports a usage error as one line, exit code 2."""
@@ -26,6 +30,24 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
         sys.stderr.write(f"mibyan: error: {message} (see 'mibyan --help')\n")
         raise SystemExit(EXIT_USAGE)
+
+
+def _positive_int(text: str) -> int:
+    """An argparse type: a whole number of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, not {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
+def _session_id(text: str) -> str:
+    """An argparse type: a session id or prefix, which cannot be empty (it would match every session)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("the session id is empty")
+    return text
 
 
 def _add_agent_options(parser: argparse.ArgumentParser) -> None:
@@ -39,7 +61,7 @@ def _add_agent_options(parser: argparse.ArgumentParser) -> None:
         help=f"wire API: {', '.join(API_MODES)} (default: resolved from the provider)",
     )
     parser.add_argument(
-        "--max-turns", type=int, metavar="N", help="model calls one prompt may make (default 500)"
+        "--max-turns", type=_positive_int, metavar="N", help="model calls one prompt may make (default 500)"
     )
     parser.add_argument("--toolsets", metavar="LIST", help="comma-separated toolsets the model may use")
     parser.add_argument(
@@ -96,35 +118,70 @@ def build_parser() -> argparse.ArgumentParser:
     )
     actions = sessions.add_subparsers(dest="action", metavar="ACTION", parser_class=_Parser, required=True)
     listing = actions.add_parser("list", help="sessions, newest first")
-    listing.add_argument("-n", "--limit", type=int, default=30, help="how many (default 30)")
+    listing.add_argument("-n", "--limit", type=_positive_int, default=30, help="how many (default 30)")
+    listing.add_argument("--json", action="store_true", help="a JSON array of sessions")
     show = actions.add_parser("show", help="print a session's messages")
-    show.add_argument("id")
+    show.add_argument("id", type=_session_id)
+    show.add_argument("--json", action="store_true", help="the session and its messages as JSON")
     search = actions.add_parser("search", help="full-text search over every message")
     search.add_argument("query", nargs="+")
     search.add_argument("--role", choices=("user", "assistant", "tool"), help="only messages of this role")
     search.add_argument("--since", metavar="WHEN", help="only newer messages: 7d, 12h or 2026-11-01")
-    search.add_argument("-n", "--limit", type=int, default=20, help="how many hits (default 20)")
+    search.add_argument("-n", "--limit", type=_positive_int, default=20, help="how many hits (default 20)")
+    search.add_argument("--json", action="store_true", help="a JSON array of hits")
     export = actions.add_parser("export", help="write a session as JSONL (or Markdown) to stdout")
-    export.add_argument("id")
+    export.add_argument("id", type=_session_id)
     export.add_argument("--format", choices=("jsonl", "md"), default="jsonl")
     delete = actions.add_parser("delete", help="delete a session and its descendants")
-    delete.add_argument("id")
+    delete.add_argument("id", type=_session_id)
     delete.add_argument("-y", "--yes", action="store_true", help="do not ask")
     rename = actions.add_parser("rename", help="give a session a title")
-    rename.add_argument("id")
+    rename.add_argument("id", type=_session_id)
     rename.add_argument("title", nargs="+")
     skills = commands.add_parser("skills", help="the skills installed for you and this project")
     skill_actions = skills.add_subparsers(
         dest="action", metavar="ACTION", parser_class=_Parser, required=True
     )
     skill_actions.add_parser("list", help="name, description and trigger words of each skill")
+    _add_trust_command(commands)
     return parser
+
+
+def _add_trust_command(commands: argparse._SubParsersAction[_Parser]) -> None:
+    trust = commands.add_parser(
+        "trust",
+        help="let a project's .mibyan/config.yaml set keys, hooks and commands",
+        description="An untrusted project's .mibyan/config.yaml may not run commands, choose where your "
+        "key is sent, add hooks or loosen approvals, tools or the sandbox. Trust records the folder and "
+        "the file's sha256 in your mibyan home; an edited file is untrusted again.",
+    )
+    trust.add_argument("path", nargs="?", metavar="PATH", help="the project folder (default: here)")
+    trust.add_argument("--list", action="store_true", help="the trusted folders")
+    trust.add_argument("--remove", metavar="PATH", help="stop trusting a folder")
+
+
+def _show_warning(
+    message: Warning | str,
+    category: type[Warning],
+    filename: str,
+    lineno: int,
+    file: TextIO | None = None,
+    line: str | None = None,
+) -> None:
+    """Warnings meant for the user (an untrusted project's ignored keys) are one plain line."""
+    from mibyan.config.trust import UntrustedConfigWarning
+
+    if issubclass(category, UntrustedConfigWarning):
+        sys.stderr.write(f"mibyan: {message}\n")
+    else:
+        _python_show_warning(message, category, filename, lineno, file, line)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `mibyan` console script."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    warnings.showwarning = _show_warning
     if args.command is None:
         parser.print_help()
         return EXIT_OK
@@ -137,6 +194,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from mibyan.cli.sessions import run_skills
 
             return run_skills(args)
+        if args.command == "trust":
+            from mibyan.cli.trust import run_trust
+
+            return run_trust(args)
         if args.command == "sessions":
             from mibyan.cli.sessions import run_sessions
 

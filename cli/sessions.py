@@ -1,6 +1,8 @@
 """`mibyan sessions`: list, show, search, export, rename and delete stored sessions.
 
-Only the standard library and the store are imported here: no SDK, so these answer at once.
+Only the standard library and the store are imported here: no SDK, no pydantic or yaml (configuration
+is not needed to read the store), so these answer at once. `--json` on list, show and search prints
+machine-readable output with stable keys.
 """
 
 from __future__ import annotations
@@ -12,10 +14,44 @@ import time
 from datetime import datetime
 from typing import Any
 
-from agent_state import SessionStore
+from agent_state import SessionStore, fts_query
 from mibyan.agent.errors import MibyanError
 from mibyan.cli.main import EXIT_ERROR, EXIT_OK, EXIT_USAGE
-from mibyan.config.loader import mibyan_home
+from mibyan.config.paths import mibyan_home
+
+#: The fields of a session in `sessions list --json` and `sessions show --json`.
+SESSION_KEYS = (
+    "id",
+    "parent_id",
+    "title",
+    "source",
+    "model",
+    "provider",
+    "api_mode",
+    "cwd",
+    "created_at",
+    "updated_at",
+    "ended_at",
+    "end_reason",
+    "message_count",
+    "input_tokens",
+    "output_tokens",
+)
+#: The fields of a hit in `sessions search --json`.
+HIT_KEYS = ("session_id", "seq", "role", "created_at", "title", "snippet")
+
+
+class UsageError(MibyanError):
+    """The command line asks for something that cannot be done (exit code 2)."""
+
+
+def _print_json(value: object) -> None:
+    json.dump(value, sys.stdout, ensure_ascii=False, indent=2)
+    sys.stdout.write("\n")
+
+
+def _session_json(row: dict[str, Any]) -> dict[str, Any]:
+    return {key: row.get(key) for key in SESSION_KEYS}
 
 
 def age(timestamp: float) -> str:
@@ -28,6 +64,9 @@ def age(timestamp: float) -> str:
 
 def _list(store: SessionStore, args: argparse.Namespace) -> int:
     rows = store.list_sessions(args.limit)
+    if args.json:
+        _print_json([_session_json(row) for row in rows])
+        return EXIT_OK
     if not rows:
         print("no sessions yet: start one with 'mibyan chat'")
         return EXIT_OK
@@ -57,6 +96,9 @@ def _render_message(message: dict[str, Any]) -> str:
 def _show(store: SessionStore, args: argparse.Namespace) -> int:
     session_id = store.resolve_id(args.id)
     row = store.get_session(session_id) or {}
+    if args.json:
+        _print_json({**_session_json(row), "messages": store.load_messages(session_id)})
+        return EXIT_OK
     print(
         f"session {session_id} · {row.get('title') or '(untitled)'} · {row.get('model')} · "
         f"{row.get('message_count')} messages"
@@ -68,9 +110,18 @@ def _show(store: SessionStore, args: argparse.Namespace) -> int:
 
 
 def _search(store: SessionStore, args: argparse.Namespace) -> int:
-    from mibyan.tools.session_tools import parse_since
+    query = " ".join(args.query)
+    if not fts_query(query):
+        raise UsageError(f"the search query {query!r} has no words to search for")
+    since = None
+    if args.since:
+        from mibyan.tools.session_tools import parse_since  # the tool registry, only when needed
 
-    hits = store.search(" ".join(args.query), role=args.role, since=parse_since(args.since), limit=args.limit)
+        since = parse_since(args.since)
+    hits = store.search(query, role=args.role, since=since, limit=args.limit)
+    if args.json:
+        _print_json([{key: hit.get(key) for key in HIT_KEYS} for hit in hits])
+        return EXIT_OK if hits else EXIT_ERROR
     if not hits:
         print("no matches")
         return EXIT_ERROR
@@ -132,6 +183,9 @@ def run_sessions(args: argparse.Namespace) -> int:
     try:
         store = SessionStore.open(mibyan_home())
         return _ACTIONS[args.action](store, args)
+    except UsageError as exc:
+        sys.stderr.write(f"mibyan: error: {exc}\n")
+        return EXIT_USAGE
     except MibyanError as exc:
         sys.stderr.write(f"mibyan: {exc}\n")
         return EXIT_USAGE

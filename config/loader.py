@@ -8,15 +8,25 @@ is merged, so an error can name the file (or variable) that introduced it and th
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+import warnings
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlparse
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from mibyan.agent.errors import ConfigError
 from mibyan.config.paths import mibyan_home
+from mibyan.config.trust import (
+    UntrustedConfigWarning,
+    folder_key,
+    project_config_path,
+    split_untrusted,
+    trust_state,
+    untrusted_notice,
+)
 
 __all__ = ["AgentSettings", "load_settings", "mibyan_home"]
 
@@ -35,12 +45,25 @@ class ModelSettings(_Section):
     context_window: int | None = Field(default=None, gt=0)
 
 
+def check_base_url(url: str) -> str:
+    """`url` if it is an http(s) address with a host; ValueError saying what is expected otherwise."""
+    parsed = urlparse(url)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise ValueError(f"must be an http(s) URL such as https://api.openai.com/v1, not {url!r}")
+    return url
+
+
 class ProviderSettings(_Section):
     api_mode: ApiMode | None = None
     base_url: str | None = None
     api_key_env: str | None = None
     api_key_command: str | None = None
     api_key: str | None = None
+
+    @field_validator("base_url")
+    @classmethod
+    def _an_http_url(cls, url: str | None) -> str | None:
+        return None if url is None else check_base_url(url)
 
 
 class FallbackSettings(_Section):
@@ -131,24 +154,76 @@ class AgentSettings(_Section):
     fallback_providers: list[FallbackSettings] = []
 
 
-def _read_yaml(path: Path) -> dict[str, Any]:
+def _read_bytes(path: Path) -> bytes:
     try:
-        text = path.read_text(encoding="utf-8")
+        return path.read_bytes()
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
+
+
+def parse_yaml(path: Path, data: bytes) -> dict[str, Any]:
+    """The mapping a config file holds; ConfigError (one line naming the file) when it holds none."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"{path}: not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start}); save it as UTF-8"
+        ) from None
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     try:
-        data = yaml.load(text, Loader=loader)
+        parsed = yaml.load(text, Loader=loader)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}: " if mark is not None else ""
         problem = getattr(exc, "problem", None) or "not valid YAML"
         raise ConfigError(f"{path}: {where}malformed YAML ({problem})") from None
-    if data is None:
+    if parsed is None:
         return {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: the top level must be a mapping of keys, not {type(data).__name__}")
-    return data
+    if not isinstance(parsed, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of keys, not {type(parsed).__name__}")
+    return parsed
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    return parse_yaml(path, _read_bytes(path))
+
+
+def provider_names(layers: Sequence[Mapping[str, Any]]) -> set[str]:
+    """The providers these (trusted) layers define."""
+    names: set[str] = set()
+    for layer in layers:
+        providers = layer.get("providers")
+        if isinstance(providers, Mapping):
+            names.update(str(name) for name in providers)
+    return names
+
+
+def trusted_layers(home: Path) -> list[dict[str, Any]]:
+    """The layers that are the user's own: the built-in defaults and the home's config.yaml."""
+    user_path = home / "config.yaml"
+    return [_read_yaml(DEFAULTS_PATH), *([_read_yaml(user_path)] if user_path.is_file() else [])]
+
+
+def _project_layer(home: Path, cwd: Path, known_providers: set[str]) -> dict[str, Any] | None:
+    """The project's config file, without what needs trust unless the user trusts this very file.
+
+    The file is read once: the bytes that are hashed are the bytes that are parsed.
+    """
+    path = project_config_path(cwd)
+    if not path.is_file() or path.resolve() == (home / "config.yaml").resolve():
+        return None  # none, or the user's own file (mibyan started in the folder holding the home)
+    data = _read_bytes(path)
+    layer = parse_yaml(path, data)
+    state = trust_state(home, cwd, data)
+    if state == "trusted":
+        return layer
+    kept, ignored = split_untrusted(layer, known_providers)
+    if ignored:
+        notice = untrusted_notice(path, folder_key(cwd), state, ignored)
+        # a warning, not a print: a library should not write to stderr, and the warnings filter shows
+        # one notice once per process however many agents (subagents, /new) load the same file
+        warnings.warn(notice, UntrustedConfigWarning, stacklevel=1)
+    return kept
 
 
 def deep_merge(base: Mapping[str, Any], layer: Mapping[str, Any]) -> dict[str, Any]:
@@ -169,6 +244,7 @@ def _validate(data: Mapping[str, Any], source: str) -> AgentSettings:
         first = exc.errors()[0]
         key = ".".join(str(part) for part in first["loc"]) or "(top level)"
         message = "unknown key" if first["type"] == "extra_forbidden" else first["msg"]
+        message = message.removeprefix("Value error, ")
         raise ConfigError(f"{source}: {key}: {message}") from None
 
 
@@ -199,21 +275,26 @@ def load_settings(
         env: the environment to read; `os.environ` when omitted.
         overrides: the last layer (flags or constructor arguments), in the files' shape.
 
+    Warns:
+        UntrustedConfigWarning: the project's file sets keys that need trust (`mibyan trust`), which
+            were left out; one line naming them.
+
     Raises:
         ConfigError: one line naming the file (or variable) and the key that is wrong.
     """
     env = os.environ if env is None else env
     home = mibyan_home(env) if home is None else home
     cwd = Path.cwd() if cwd is None else cwd
-    layers: list[tuple[str, dict[str, Any]]] = []
-    for path in (home / "config.yaml", cwd / ".mibyan" / "config.yaml"):
-        if path.is_file():
-            layers.append((str(path), _read_yaml(path)))
+    defaults, *own = trusted_layers(home)
+    layers: list[tuple[str, dict[str, Any]]] = [(str(home / "config.yaml"), layer) for layer in own]
+    project = _project_layer(home, cwd, provider_names([defaults, *own]))
+    if project is not None:
+        layers.append((str(project_config_path(cwd)), project))
     layers.extend(_environment_layer(env))
     if overrides:
         layers.append(("arguments", dict(overrides)))
 
-    merged = _read_yaml(DEFAULTS_PATH)
+    merged = defaults
     settings = _validate(merged, str(DEFAULTS_PATH))
     for source, layer in layers:
         merged = deep_merge(merged, layer)

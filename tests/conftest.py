@@ -62,7 +62,12 @@ def make_agent(server: ScriptedServer, home: Path) -> Callable[..., Any]:
 
 
 def run_cli(
-    *args: str, home: Path, stdin: str | None = None, env: dict[str, str] | None = None, timeout: float = 60
+    *args: str,
+    home: Path,
+    stdin: str | None = None,
+    env: dict[str, str] | None = None,
+    timeout: float = 60,
+    cwd: Path | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """Run the real `mibyan` entry point in a subprocess."""
     environment = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY")}
@@ -75,4 +80,5 @@ def run_cli(
         text=True,
         env=environment,
         timeout=timeout,
+        cwd=cwd,
     )

@@ -165,3 +165,88 @@ def test_a_streamed_answer_is_rendered_whole_when_it_ends() -> None:
         renderer.on_delta(f"word{i} ")
     renderer.end_turn({"final_response": "x", "usage": {"input_tokens": 1, "output_tokens": 1}}, "m")
     assert "word499" in renderer.console.file.getvalue()  # the last pieces came after the last re-parse
+
+
+def test_a_config_file_that_is_not_utf8_is_one_line_naming_it(home: Path) -> None:
+    (home / "config.yaml").write_bytes(b"model:\n  name: caf\xe9\n")
+    done = run_cli("chat", "-q", "hi", home=home)
+    assert done.returncode == 2
+    assert (
+        done.stderr
+        == f"mibyan: {home / 'config.yaml'}: not UTF-8 text (byte 0xe9 at offset 18); save it as UTF-8\n"
+    )
+
+
+def test_an_unknown_toolset_flag_is_a_usage_error_naming_the_known_ones(home: Path) -> None:
+    done = run_cli(
+        "chat", "-q", "hi", "--toolsets", "core,bogus", "--base-url", "http://127.0.0.1:9/v1", home=home
+    )
+    assert done.returncode == 2
+    assert done.stderr == "mibyan: --toolsets: unknown toolset 'bogus' (known: all, core)\n"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "config", "expected"),
+    [
+        ({"enabled_toolsets": ["nope"]}, "", "tools.toolsets: unknown toolset 'nope' (known: all, core"),
+        ({}, "tools: {deny: [web_fetc]}\n", "tools.deny: unknown tool 'web_fetc' (known: clarify, "),
+        ({}, "tools: {allow: [terminl]}\n", "tools.allow: unknown tool 'terminl' (known: clarify, "),
+    ],
+)
+def test_unknown_toolsets_and_tools_are_a_config_error(
+    make_agent, home: Path, kwargs: dict[str, object], config: str, expected: str
+) -> None:
+    (home / "config.yaml").write_text(config)
+    with pytest.raises(ConfigError) as caught:
+        make_agent(**kwargs)
+    assert str(caught.value).startswith(expected)
+
+
+def test_a_base_url_that_is_not_a_url_is_named_as_such(home: Path) -> None:
+    (home / "config.yaml").write_text("providers: {openai: {base_url: not a url}}\n")
+    done = run_cli("chat", "-q", "hi", home=home)
+    assert done.returncode == 2
+    assert done.stderr == (
+        f"mibyan: {home / 'config.yaml'}: providers.openai.base_url: must be an http(s) URL such as "
+        "https://api.openai.com/v1, not 'not a url'\n"
+    )
+    flag = run_cli("chat", "-q", "hi", "--base-url", "localhost:8080", home=home.parent / "other")
+    assert flag.returncode == 2 and "base_url: must be an http(s) URL" in flag.stderr
+
+
+def test_max_turns_0_names_the_flag(home: Path) -> None:
+    done = run_cli("chat", "-q", "hi", "--max-turns", "0", home=home)
+    assert done.returncode == 2
+    assert done.stderr.startswith("mibyan: error: argument --max-turns: must be at least 1, not 0")
+
+
+def test_a_connection_error_names_the_address_it_tried(home: Path) -> None:
+    with ScriptedServer() as gone:
+        url = gone.base_url
+    done = run_cli("chat", "-q", "hi", "-Q", "--base-url", url, home=home)
+    assert done.returncode == 1
+    assert (
+        done.stderr.splitlines()[-1]
+        == f"mibyan: cannot reach the provider: Connection error. (openai at {url})"
+    )
+
+
+def test_the_missing_key_message_names_the_home_in_use(tmp_path: Path) -> None:
+    home = tmp_path / "elsewhere"
+    done = run_cli("chat", "-q", "hi", home=home)
+    assert done.returncode == 2
+    assert f"model.provider in {home / 'config.yaml'}" in done.stderr and "~/.mibyan" not in done.stderr
+
+
+def test_a_one_shot_says_which_session_to_resume(server: ScriptedServer, home: Path) -> None:
+    server.add(Reply(text="first"), Reply(text="second"), Reply(text="third"))
+    done = run_cli("chat", "-q", "one", "--base-url", server.base_url, home=home)
+    assert done.returncode == 0
+    line = done.stderr.splitlines()[-1]
+    session_id = line.split()[2]
+    assert line == f"mibyan: session {session_id} (resume with: mibyan chat --resume {session_id})"
+    resumed = run_cli(
+        "chat", "--resume", session_id, "-q", "two", "-Q", "--base-url", server.base_url, home=home
+    )
+    assert resumed.returncode == 0 and resumed.stderr == ""
+    assert [m["content"] for m in server.requests[-1].body["messages"][1:]] == ["one", "first", "two"]

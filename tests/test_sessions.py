@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import sqlite3
@@ -281,3 +282,62 @@ def test_a_locked_database_is_one_clear_error_not_a_hang(server: ScriptedServer,
     assert done.returncode in (1, 2)
     assert done.stderr.strip().splitlines()[-1].endswith("database is locked")
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["list", "-n", "-1"], "argument -n/--limit: must be at least 1, not -1"),
+        (["search", "x", "-n", "0"], "argument -n/--limit: must be at least 1, not 0"),
+        (["show", ""], "argument id: the session id is empty"),
+        (["export", " "], "argument id: the session id is empty"),
+        (["search", ""], "the search query '' has no words to search for"),
+        (["search", "!?"], "the search query '!?' has no words to search for"),
+    ],
+)
+def test_sessions_commands_refuse_input_that_means_nothing(
+    home: Path, args: list[str], expected: str
+) -> None:
+    done = run_cli("sessions", *args, home=home)
+    assert done.returncode == 2
+    assert done.stderr.startswith(f"mibyan: error: {expected}")
+    assert len(done.stderr.splitlines()) == 1 and done.stdout == ""
+
+
+def test_sessions_list_show_and_search_print_json(server: ScriptedServer, home: Path) -> None:
+    server.add(Reply(text="Pelicans can hold three gallons."))
+    run_cli("chat", "-q", "tell me about pelicans", "--base-url", server.base_url, home=home)
+    listing = json.loads(run_cli("sessions", "list", "--json", home=home).stdout)
+    assert [row["message_count"] for row in listing] == [2]
+    assert {"id", "title", "source", "model", "created_at", "updated_at", "input_tokens"} <= set(listing[0])
+    session_id = listing[0]["id"]
+
+    shown = json.loads(run_cli("sessions", "show", session_id[:5], "--json", home=home).stdout)
+    assert shown["id"] == session_id
+    assert [(m["role"], m["content"]) for m in shown["messages"]] == [
+        ("user", "tell me about pelicans"),
+        ("assistant", "Pelicans can hold three gallons."),
+    ]
+
+    found = run_cli("sessions", "search", "gallons", "--json", home=home)
+    hits = json.loads(found.stdout)
+    assert found.returncode == 0 and [(h["session_id"], h["seq"], h["role"]) for h in hits] == [
+        (session_id, 1, "assistant")
+    ]
+    assert "[gallons]" in hits[0]["snippet"]
+    nothing = run_cli("sessions", "search", "zebras", "--json", home=home)
+    assert nothing.returncode == 1 and json.loads(nothing.stdout) == []
+
+
+@pytest.mark.parametrize("args", [["sessions", "list"], ["sessions", "search", "word"]])
+def test_sessions_commands_import_no_configuration_or_sdk(home: Path, args: list[str]) -> None:
+    code = (
+        "import sys\nfrom mibyan.cli.main import main\nmain(sys.argv[1:])\n"
+        "print(sorted(m for m in ('pydantic', 'yaml', 'openai', 'anthropic', 'rich', 'prompt_toolkit')"
+        " if m in sys.modules))"
+    )
+    env = {**os.environ, "MIBYAN_HOME": str(home), "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-c", code, *args], capture_output=True, text=True, cwd=ROOT, env=env
+    )
+    assert done.stdout.strip().splitlines()[-1] == "[]", done.stderr

@@ -1,0 +1,104 @@
+"""`mibyan trust`: let a project's `.mibyan/config.yaml` set what only the user may decide.
+
+An untrusted project file may not run a command, choose where a key is sent, add hooks or loosen
+approvals (see `config.trust`). Trusting records the folder and the file's sha256 in the home; an edited
+file needs trusting again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from datetime import datetime
+from pathlib import Path
+
+from mibyan.agent.errors import MibyanError
+from mibyan.cli.main import EXIT_ERROR, EXIT_OK, EXIT_USAGE
+from mibyan.config.paths import mibyan_home
+from mibyan.config.trust import (
+    digest,
+    folder_key,
+    forget_folder,
+    load_records,
+    project_config_path,
+    split_untrusted,
+    trust_folder,
+    visible,
+)
+
+
+def project_folder(path: Path) -> Path:
+    """The project a PATH means: the folder itself, or the one holding the `.mibyan` folder or file named."""
+    absolute = path.expanduser().absolute()  # not resolved yet: config.yaml may be a link elsewhere
+    if absolute.name == "config.yaml" and absolute.parent.name == ".mibyan":
+        absolute = absolute.parent.parent
+    elif absolute.name == ".mibyan":
+        absolute = absolute.parent
+    return Path(folder_key(absolute))
+
+
+def _trust(home: Path, folder: Path) -> int:
+    from mibyan.config.loader import parse_yaml, provider_names, trusted_layers
+
+    path = project_config_path(project_folder(folder))
+    if not path.is_file():
+        raise MibyanError(f"{visible(str(path))} does not exist: there is nothing to trust")
+    data = path.read_bytes()
+    layer = parse_yaml(path, data)  # a broken file is reported now, not trusted
+    record = trust_folder(home, folder, data)
+    _, needs_trust = split_untrusted(layer, provider_names(trusted_layers(home)))
+    applies = (
+        f"{', '.join(visible(str(k)) for k in needs_trust)} now apply"
+        if needs_trust
+        else "nothing in it needed trust"
+    )
+    print(f"trusted {visible(str(path))} (sha256 {record.sha256[:12]}): {applies}")
+    return EXIT_OK
+
+
+def _list(home: Path) -> int:
+    records = load_records(home)
+    if not records:
+        print("no trusted folders: 'mibyan trust PATH' trusts one")
+        return EXIT_OK
+    for record in sorted(records.values(), key=lambda r: r.folder):
+        path = project_config_path(Path(record.folder))
+        try:
+            state = "ok" if digest(path.read_bytes()) == record.sha256 else "changed since trusted"
+        except OSError:
+            state = "config file missing"
+        when = datetime.fromtimestamp(record.trusted_at).strftime("%Y-%m-%d %H:%M")
+        print(f"{visible(record.folder)}  sha256 {record.sha256[:12]}  trusted {when}  {state}")
+    return EXIT_OK
+
+
+def _remove(home: Path, folder: Path) -> int:
+    if not forget_folder(home, folder):
+        raise MibyanError(
+            f"{visible(folder_key(folder))} is not trusted ('mibyan trust --list' shows those that are)"
+        )
+    print(f"no longer trusted: {visible(folder_key(folder))}")
+    return EXIT_OK
+
+
+def run_trust(args: argparse.Namespace) -> int:
+    """`mibyan trust [PATH]`, `mibyan trust --list`, `mibyan trust --remove PATH`."""
+    home = mibyan_home()
+    try:
+        if args.list:
+            if args.path is not None:
+                raise MibyanError("--list takes no PATH")
+            return _list(home)
+        if args.remove is not None:
+            if args.path is not None:
+                raise MibyanError("give the folder to --remove, not also as PATH")
+            return _remove(home, project_folder(Path(args.remove)))
+        return _trust(home, project_folder(Path(args.path or ".")))
+    except MibyanError as exc:
+        sys.stderr.write(f"mibyan: error: {exc}\n")
+        return EXIT_USAGE
+    except OSError as exc:
+        sys.stderr.write(
+            f"mibyan: error: cannot record trust in {visible(str(home))}: {exc.strerror or exc}\n"
+        )
+        return EXIT_ERROR
