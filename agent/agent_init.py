@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
+import sys
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -24,6 +26,7 @@ from mibyan.config.paths import write_private
 
 if TYPE_CHECKING:
     from mibyan.agent.adapters.base import Adapter
+    from mibyan.tools.sandbox import Sandbox
 
 _LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1", "0.0.0.0"})
 
@@ -277,6 +280,7 @@ def init_agent(
         save_always=lambda key: remember_approval(home_path, key),
     )
     check_tool_selection(settings.tools.toolsets, allow=settings.tools.allow, deny=settings.tools.deny)
+    agent.sandbox = make_sandbox(settings, home_path, agent.callbacks, source=source)
     agent._tool_schemas = get_tool_definitions(
         settings.tools.toolsets,
         allow=settings.tools.allow,
@@ -290,6 +294,35 @@ def init_agent(
     agent._custom_prompt = False
     agent._skill_matcher = make_skill_matcher(settings)
     open_session(agent, session_id, source=source)
+
+
+def make_sandbox(settings: AgentSettings, home: Path, callbacks: Any, *, source: str) -> Sandbox:
+    """The sandbox of the agent's commands, rooted at the working directory; mibyan's home stays read-only.
+
+    Where no backend confines commands (or Landlock cannot keep all it should), that is said once per
+    process: on stderr for the command line, else through `status_callback`, else in the log.
+    """
+    from mibyan.tools.sandbox import Sandbox, warn_unconfined_once
+
+    config = settings.sandbox
+    sandbox = Sandbox(
+        config.mode,
+        Path.cwd(),
+        writable=config.writable,
+        network=config.network,
+        writable_git=config.writable_git,
+        protected=[home],
+        backend=None if config.backend == "auto" else config.backend,
+    )
+    warning = sandbox.warning()
+    if warning is not None and warn_unconfined_once():
+        if source == "cli":
+            sys.stderr.write(f"mibyan: {warning}\n")
+        elif callbacks.status_callback is not None:
+            callbacks.emit("status_callback", "sandbox", warning)
+        else:
+            logging.getLogger("mibyan.sandbox").warning(warning)
+    return sandbox
 
 
 def remember_approval(home: Path, key: str) -> None:

@@ -34,6 +34,7 @@ from mibyan.tools import context
 from mibyan.tools.approval import ApprovalPolicy
 from mibyan.tools.memory_tools import apply_memory, list_skills, view_skill
 from mibyan.tools.registry import ToolSpec, get_tool
+from mibyan.tools.sandbox import Sandbox
 from mibyan.tools.session_tools import search_sessions
 from mibyan.tools.todo import apply_todo
 from model_tools import check_arguments, parse_arguments, run_tool
@@ -79,6 +80,7 @@ class ToolExecutorMixin:
     callbacks: Callbacks
     hooks: Hooks
     approvals: ApprovalPolicy
+    sandbox: Sandbox
     store: SessionStore
     session_id: str
     home: Path
@@ -176,7 +178,9 @@ class ToolExecutorMixin:
         """Hooks → approval → handler → hooks for one resolved call. Runs on a worker thread."""
         assert plan.spec is not None and plan.args is not None
         spec, args, task_id = plan.spec, plan.args, turn.task_id
-        token = context.bind(context.ToolContext(task_id=task_id, signal=self._signal, home=self.home))
+        token = context.bind(
+            context.ToolContext(task_id=task_id, signal=self._signal, home=self.home, sandbox=self.sandbox)
+        )
         try:
             reason = self.hooks.before_tool(plan.name, args, task_id)
             if reason is not None:

@@ -99,6 +99,14 @@ class HooksSection(_Section):
     post_llm_call: list[str] = []
 
 
+class SandboxSection(_Section):
+    mode: Literal["workspace-write", "read-only", "off"] = "workspace-write"
+    network: bool = True
+    writable: list[str] = []
+    writable_git: bool = False
+    backend: Literal["auto", "bubblewrap", "landlock"] = "auto"
+
+
 class ToolsSection(_Section):
     toolsets: list[str] = ["core"]
     allow: list[str] = []
@@ -146,6 +154,7 @@ class AgentSettings(_Section):
     agent: AgentSection = AgentSection()
     tools: ToolsSection = ToolsSection()
     approvals: ApprovalsSection = ApprovalsSection()
+    sandbox: SandboxSection = SandboxSection()
     hooks: HooksSection = HooksSection()
     compression: CompressionSection = CompressionSection()
     delegation: DelegationSection = DelegationSection()

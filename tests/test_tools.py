@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from pathlib import Path
@@ -140,19 +139,31 @@ def test_repeated_failures_of_one_tool_bring_a_nudge(server: ScriptedServer, mak
     assert "has failed 3 times in a row" in results[2]
 
 
-def test_interrupt_while_terminal_runs_kills_the_child(
-    server: ScriptedServer, make_agent, tmp_path: Path
-) -> None:
-    pid_file = tmp_path / "pid"
-    server.add(Reply(tool_calls=[("terminal", {"command": f"echo $$ > {pid_file}; exec sleep 30"})]))
+def running_with_arguments(*argv: str) -> list[int]:
+    """Host pids of the processes whose command line is exactly `argv` (a sandbox's pids are its own)."""
+    wanted = "\0".join(argv) + "\0"
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if (entry / "cmdline").read_text() == wanted:
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def test_interrupt_while_terminal_runs_kills_the_child(server: ScriptedServer, make_agent) -> None:
+    marker = ("sleep", "30.0417")  # a command line no other process has
+    server.add(Reply(tool_calls=[("terminal", {"command": f"exec {' '.join(marker)}"})]))
     agent = make_agent()
     outcome: dict = {}
     worker = threading.Thread(target=lambda: outcome.setdefault("result", agent.run_conversation("sleep")))
     worker.start()
     deadline = time.monotonic() + 10
-    while not (pid_file.exists() and pid_file.read_text().strip()) and time.monotonic() < deadline:
+    while not running_with_arguments(*marker) and time.monotonic() < deadline:
         time.sleep(0.01)
-    pid = int(pid_file.read_text())
+    assert running_with_arguments(*marker)
 
     interrupted_at = time.monotonic()
     agent.interrupt()
@@ -165,8 +176,10 @@ def test_interrupt_while_terminal_runs_kills_the_child(
         tool_results(outcome["result"]) == ["interrupted: no result"]
         or "interrupted" in tool_results(outcome["result"])[0]
     )
-    with pytest.raises(ProcessLookupError):
-        os.kill(pid, 0)
+    deadline = time.monotonic() + 5  # the kill is sent; the kernel may take a moment to reap
+    while running_with_arguments(*marker) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not running_with_arguments(*marker)
 
 
 def test_a_denied_command_does_not_run_and_the_model_is_told(

@@ -24,11 +24,15 @@ Tier = Literal["safe", "dangerous", "hardline"]
 
 @dataclass(frozen=True)
 class Verdict:
-    """The judgement of one command: its tier, and for the user a reason with a stable key."""
+    """The judgement of one command: its tier, and for the user a reason with a stable key.
+
+    `ask_every_time`: the user answers each such call; --yolo and earlier answers never cover it.
+    """
 
     tier: Tier
     reason: str = ""
     key: str = ""
+    ask_every_time: bool = False
 
     @property
     def needs_approval(self) -> bool:
@@ -36,6 +40,14 @@ class Verdict:
 
 
 SAFE = Verdict("safe")
+OUTSIDE_SANDBOX_REASON = "runs outside the sandbox"
+
+
+def outside_sandbox(verdict: Verdict) -> Verdict:
+    """The verdict of a command that asks to run outside the sandbox: asked every time, own key."""
+    also = f", and {verdict.reason}" if verdict.reason else ""
+    return Verdict("dangerous", OUTSIDE_SANDBOX_REASON + also, "outside_sandbox", ask_every_time=True)
+
 
 _SEPARATORS = {";", "&&", "||", "|", "&", "|&", "(", ")", "\n", "{", "}", ";;"}
 _WRAPPERS = {
@@ -356,10 +368,12 @@ class ApprovalPolicy:
             return False, f"blocked: {verdict.reason}; mibyan never runs this"
         if verdict.tier == "safe":
             return True, ""
-        if self.yolo:
+        if verdict.ask_every_time and self._ask is None:
+            return False, f"not run: it {verdict.reason}; the user must say yes each time, even with --yolo"
+        if self.yolo and not verdict.ask_every_time:
             return True, "approved by --yolo"
         with self._lock:  # one question at a time, and a second call of the same kind sees the answer
-            if verdict.key in self._approved:
+            if verdict.key in self._approved and not verdict.ask_every_time:
                 return True, "approved earlier"
             if self._ask is None:
                 return False, (
@@ -367,6 +381,8 @@ class ApprovalPolicy:
                     f"interactively) — the command was not run ({verdict.reason})"
                 )
             answer = self._ask_user(command, verdict.reason)
+            if verdict.ask_every_time and answer != "deny":
+                return True, "approved by user (this once)"
             if answer in ("session", "always"):
                 self._approved.add(verdict.key)
             if answer == "always":
@@ -382,7 +398,12 @@ class ApprovalPolicy:
             self._approved.update(other._approved)
 
     def answer_from_session(self, command: str, reason: str) -> Answer:
-        """An approval callback for subagents: yes for what this user approved for the session, else no."""
+        """An approval callback for subagents: yes for what this user approved for the session, else no.
+
+        Running outside the sandbox is never approved on the user's behalf.
+        """
+        if reason.startswith(OUTSIDE_SANDBOX_REASON):
+            return "deny"
         return "once" if classify_command(command).key in self._approved else "deny"
 
     def _ask_user(self, command: str, reason: str) -> Answer:

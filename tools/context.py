@@ -10,17 +10,23 @@ from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from mibyan.agent.interruptible import InterruptSignal
+
+if TYPE_CHECKING:
+    from mibyan.tools.sandbox import Sandbox
 
 
 @dataclass(frozen=True)
 class ToolContext:
-    """The call a tool serves: its task, the stop signal, and the agent's home (off limits to tools)."""
+    """The call a tool serves: its task, the stop signal, the agent's home (off limits to tools), and the
+    sandbox its commands run in (None: unconfined)."""
 
     task_id: str | None
     signal: InterruptSignal
     home: Path | None = None
+    sandbox: Sandbox | None = None
 
 
 _CURRENT: ContextVar[ToolContext | None] = ContextVar("mibyan_tool_context", default=None)

@@ -1,4 +1,8 @@
-"""The terminal tool: run a shell command in its own process group, with a timeout and capped output."""
+"""The terminal tool: run a shell command in its own process group, with a timeout and capped output.
+
+Commands run in the agent's sandbox (tools/sandbox.py). One call may ask to run outside it
+(`outside_sandbox`): that is a dangerous call of its own kind, which the user answers every time.
+"""
 
 from __future__ import annotations
 
@@ -13,15 +17,25 @@ from typing import Any, cast
 
 from mibyan.agent.errors import ToolError
 from mibyan.tools import context
-from mibyan.tools.approval import Verdict, classify_command
+from mibyan.tools.approval import Verdict, classify_command, outside_sandbox
 from mibyan.tools.registry import tool
+from mibyan.tools.sandbox import Launch, Sandbox
 
 _KEEP_BYTES = 512 * 1024  # of output, kept from each end; the middle of a flood is dropped
 _KILL_GRACE = 0.5
 
 
+def _sandbox() -> Sandbox | None:
+    current = context.current()
+    return current.sandbox if current is not None and current.sandbox is not None else None
+
+
 def terminal_verdict(args: dict[str, Any]) -> Verdict:
-    return classify_command(str(args.get("command", "")))
+    verdict = classify_command(str(args.get("command", "")))
+    sandbox = _sandbox()
+    if args.get("outside_sandbox") and verdict.tier != "hardline" and sandbox is not None and sandbox.active:
+        return outside_sandbox(verdict)
+    return verdict
 
 
 class _Output:
@@ -61,28 +75,27 @@ def _kill_group(process: subprocess.Popen[bytes]) -> None:
 
 
 @tool(toolset="core", dangerous=terminal_verdict, max_result_chars=30_000, timeout=None)
-def terminal(command: str, timeout: int = 120, workdir: str | None = None) -> str:
+def terminal(
+    command: str, timeout: int = 120, workdir: str | None = None, outside_sandbox: bool = False
+) -> str:
     """Run a shell command (bash) and return its output (stdout and stderr together) and exit code.
 
-    The command runs in the working directory unless workdir is given. Commands that could destroy data
+    The command runs in the working directory unless workdir is given, inside a sandbox: by default it
+    may write only in the working directory and the temporary directory. Commands that could destroy data
     ask the user first. Interactive programs cannot be used: give commands that finish on their own.
 
     Args:
         command: the shell command line to run.
         timeout: seconds after which the command and everything it started are killed.
         workdir: the directory to run in.
+        outside_sandbox: run this one command outside the sandbox. The user is asked every time; use it
+            only after the sandbox blocked a command that really must write elsewhere or use the network.
     """
     if workdir and not os.path.isdir(workdir):
         raise ToolError(f"no such directory: {workdir}")
+    sandbox = None if outside_sandbox else _sandbox()
     started = time.monotonic()
-    process = subprocess.Popen(
-        ["bash", "-c", command],
-        cwd=workdir or None,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    process = _start(["bash", "-c", command], sandbox, workdir or None)
     output = _Output()
     stream = cast(io.BufferedReader, process.stdout)
 
@@ -109,4 +122,25 @@ def terminal(command: str, timeout: int = 120, workdir: str | None = None) -> st
         if outcome
         else (f"[exit code {process.returncode} · {elapsed:.1f} s]")
     )
+    note = sandbox.explain(text, process.returncode) if sandbox is not None and not outcome else None
+    if note:
+        status += "\n" + note
     return f"{text}\n{status}" if text else status
+
+
+def _start(argv: list[str], sandbox: Sandbox | None, cwd: str | None) -> subprocess.Popen[bytes]:
+    """Start `argv` in its own session (so the whole group can be killed), confined by `sandbox`."""
+    launch = sandbox.launch(argv, cwd=cwd) if sandbox is not None else Launch(argv)
+    try:
+        return subprocess.Popen(
+            launch.argv,
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=launch.preexec,
+            pass_fds=launch.pass_fds,
+        )
+    finally:
+        launch.cleanup()

@@ -1,0 +1,282 @@
+"""Confinement of shell commands: where a command the model runs may write, and whether it has a network.
+
+The command judge (tools/approval.py) decides whether a command runs; the sandbox limits what it can do
+when it does, so that a mistake in one layer is caught by the other. Modes:
+
+- `workspace-write` (the default): reads anywhere; writes only in the working directory, the temporary
+  directory and the paths the user lists in `sandbox.writable`. The working directory's `.git` stays
+  read-only unless `sandbox.writable_git` is true, and mibyan's own files (its home and the project's
+  `./.mibyan/`) are always read-only, even inside the working directory. The network is on unless
+  `sandbox.network` is false.
+- `read-only`: reads anywhere, writes nowhere (not even in /tmp).
+- `off`: commands run as they are.
+
+Backends, in order: bubblewrap (`bwrap`: a read-only view of /, the writable places bound over it, new
+PID namespace and session, killed with its parent, no network namespace when asked), then Landlock (a
+kernel facility, applied to the command's process just before it starts), then none: commands run
+unconfined, and the agent says so once per process.
+
+`Sandbox(...).launch(argv)` is the one entry point: it gives what `subprocess.Popen` needs to start
+`argv` confined. A command that fails because of the sandbox gets a note saying so (`explain`), so the
+model and the user know why and how to run that one command outside it (with the user's approval).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import re
+import shutil
+import tempfile
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Literal, get_args
+
+from mibyan.agent.errors import ConfigError
+
+Mode = Literal["workspace-write", "read-only", "off"]
+Backend = Literal["bubblewrap", "landlock", "none"]
+MODES: tuple[str, ...] = get_args(Mode)
+
+UNCONFINED_WARNING = "no sandbox backend (install bubblewrap); commands run unconfined"
+
+_READ_ONLY_FAILURE = re.compile(r"Read-only file system|EROFS")
+_DENIED_FAILURE = re.compile(r"Permission denied|EACCES|Operation not permitted")
+_NETWORK_FAILURE = re.compile(
+    r"Network is unreachable|Could not resolve host|Temporary failure in name resolution|"
+    r"Name or service not known|Connection refused|No address associated|getaddrinfo failed|"
+    r"Failed to connect|ENETUNREACH|ECONNREFUSED",
+    re.IGNORECASE,
+)
+_BWRAP_FAILURE = re.compile(r"\Abwrap: (.*)")
+
+
+def _landlock() -> ModuleType:
+    from mibyan.tools import landlock  # ctypes: loaded only where Landlock is used or looked for
+
+    return landlock
+
+
+@functools.cache
+def detect_backend() -> Backend:
+    """The best backend this machine has; looked up once per process, without running anything.
+
+    bubblewrap is chosen when `bwrap` is on PATH; whether it can make namespaces here shows at its first
+    use, and a failure then is reported in the command's result, never hidden by running unconfined.
+    """
+    if shutil.which("bwrap"):
+        return "bubblewrap"
+    if _landlock().abi_version() > 0:
+        return "landlock"
+    return "none"
+
+
+#: Taken (never released) by the first agent that says commands run unconfined: once per process.
+_UNCONFINED_WARNING_GIVEN = threading.Lock()
+
+
+def warn_unconfined_once() -> bool:
+    """True the first time in this process (the caller then shows UNCONFINED_WARNING), False after."""
+    return _UNCONFINED_WARNING_GIVEN.acquire(blocking=False)
+
+
+@dataclass(frozen=True)
+class Launch:
+    """How to start a command: its argv, and what the child does before it executes (Landlock)."""
+
+    argv: list[str]
+    preexec: Callable[[], None] | None = None
+    pass_fds: tuple[int, ...] = ()
+    cleanup: Callable[[], None] = field(default=lambda: None)
+
+
+def _resolved(path: str | Path, base: Path) -> Path:
+    expanded = Path(path).expanduser()
+    return (expanded if expanded.is_absolute() else base / expanded).resolve(strict=False)
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    return path == folder or folder in path.parents
+
+
+class Sandbox:
+    """Where the commands of one agent (or one gateway run) may write, and whether they have a network.
+
+    Args:
+        mode: "workspace-write", "read-only" or "off".
+        workdir: the working directory: the one place (with temp) a workspace-write command may write.
+        writable: more places a command may write (caches, say); `~` and relative paths are expanded.
+        network: False takes the network away (a new, empty network namespace with bubblewrap).
+        writable_git: let commands write the working directory's `.git` (read-only otherwise).
+        protected: places that stay read-only even inside a writable one (mibyan's home, say); the
+            working directory's `.mibyan/` is always among them.
+        backend: force a backend; the machine's best one (`detect_backend()`) when omitted.
+
+    Raises:
+        ConfigError: an unknown mode, or a backend this machine does not have.
+    """
+
+    def __init__(
+        self,
+        mode: str,
+        workdir: str | Path,
+        *,
+        writable: Iterable[str | Path] = (),
+        network: bool = True,
+        writable_git: bool = False,
+        protected: Iterable[str | Path] = (),
+        backend: Backend | None = None,
+    ) -> None:
+        if mode not in MODES:
+            raise ConfigError(f"sandbox.mode: unknown mode '{mode}' (known: {', '.join(MODES)})")
+        self.mode: Mode = mode  # type: ignore[assignment]
+        self.workdir = Path(workdir).resolve()
+        self.writable = tuple(_resolved(p, self.workdir) for p in writable)
+        self.network = network
+        self.writable_git = writable_git
+        self.protected = (*(_resolved(p, self.workdir) for p in protected), self.workdir / ".mibyan")
+        self.backend: Backend = backend or detect_backend()
+        if mode != "off" and self.backend == "landlock" and _landlock().abi_version() <= 0:
+            raise ConfigError("sandbox.backend: landlock: this kernel does not offer Landlock")
+        if mode != "off" and self.backend == "bubblewrap" and not shutil.which("bwrap"):
+            raise ConfigError("sandbox.backend: bubblewrap: bwrap is not installed (package bubblewrap)")
+
+    @property
+    def active(self) -> bool:
+        """Whether commands are confined at all."""
+        return self.mode != "off" and self.backend != "none"
+
+    def warning(self) -> str | None:
+        """What the user must know at start: confinement asked for but missing, in whole or in part."""
+        if self.mode == "off":
+            return None
+        if self.backend == "none":
+            return UNCONFINED_WARNING
+        if self.backend != "landlock":
+            return None
+        gaps = [str(p) for p in self.read_only_places()]
+        if self.has_network and not self.network:
+            gaps.append("the network (this kernel's Landlock cannot take it away)")
+        if not gaps:
+            return None
+        return f"the sandbox (Landlock) cannot protect {', '.join(gaps)}; install bubblewrap for that"
+
+    def writable_places(self) -> list[Path]:
+        """Where a confined command may write (for workspace-write; read-only has none)."""
+        if self.mode != "workspace-write":
+            return []
+        temp = {Path("/tmp"), Path(tempfile.gettempdir()).resolve()}
+        return [self.workdir, *sorted(temp), *self.writable]
+
+    def read_only_places(self) -> list[Path]:
+        """Places inside the writable ones that stay read-only: `.git` (unless allowed) and mibyan's own."""
+        git = [] if self.writable_git else [self.workdir / ".git"]
+        return [
+            p
+            for p in (*git, *self.protected)
+            if (p.exists() or p.name == ".mibyan") and any(_inside(p, w) for w in self.writable_places())
+        ]
+
+    def describe(self) -> str:
+        """One line for the user: the mode, the backend, where commands may write and the network."""
+        if self.mode == "off":
+            return "sandbox off: commands run unconfined"
+        if self.backend == "none":
+            return f"sandbox {self.mode} requested, but {UNCONFINED_WARNING}"
+        places = ", ".join(str(p) for p in self.writable_places()) or "nowhere"
+        line = f"sandbox {self.mode} ({self.backend}): writes in {places}"
+        kept = ", ".join(str(p) for p in self.read_only_places())
+        if kept:
+            held = "cannot be held read-only by Landlock" if self.backend == "landlock" else "read-only"
+            line += f"; {held}: {kept}"
+        return line + f"; network {'on' if self.has_network else 'off'}"
+
+    @property
+    def has_network(self) -> bool:
+        """Whether confined commands can reach the network (Landlock before ABI 4 cannot take it away)."""
+        if self.network or not self.active:
+            return True
+        return self.backend == "landlock" and not _landlock().takes_network_away()
+
+    def wrap(self, argv: list[str], *, cwd: str | Path | None = None) -> list[str]:
+        """`argv` as bubblewrap runs it confined, in `cwd` (the process's own when omitted); unchanged
+        for the other backends (see `launch`)."""
+        if not self.active or self.backend != "bubblewrap":
+            return list(argv)
+        where = Path(cwd if cwd is not None else os.getcwd()).resolve()
+        return [*self._bwrap_options(), "--chdir", str(where), "--", *argv]
+
+    def launch(self, argv: list[str], *, cwd: str | Path | None = None) -> Launch:
+        """Everything `subprocess.Popen` needs to start `argv` confined, in `cwd`."""
+        if not self.active:
+            return Launch(list(argv))
+        if self.backend == "bubblewrap":
+            return Launch(self.wrap(argv, cwd=cwd))
+        landlock = _landlock()
+        rules = landlock.Rules(
+            writable=[p for p in self.writable_places() if p.exists()],
+            network=self.network,
+        )
+        ruleset = landlock.build(rules)
+        return Launch(list(argv), ruleset.restrict, (ruleset.fd,), ruleset.close)
+
+    def _bwrap_options(self) -> list[str]:
+        options = ["bwrap", "--die-with-parent", "--new-session", "--unshare-pid"]
+        options += ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
+        for place in self.writable_places():
+            if place.exists():
+                options += ["--bind", str(place), str(place)]
+        for place in self.read_only_places():
+            if place.name == ".mibyan":
+                # a command must not create it either: an empty folder is held read-only in its place
+                # (a folder we may not create, a command of ours may not create either)
+                with contextlib.suppress(OSError):
+                    place.mkdir(mode=0o700, exist_ok=True)
+            if place.exists():
+                options += ["--ro-bind", str(place), str(place)]
+        if not self.network:
+            options.append("--unshare-net")
+        return options
+
+    def explain(self, output: str, exit_code: int | None) -> str | None:
+        """A note for a command's result when the sandbox is why it failed, or None.
+
+        Args:
+            output: what the command printed (stdout and stderr together).
+            exit_code: its exit code (None when it was killed).
+        """
+        if not self.active or not exit_code:
+            return None
+        if self.backend == "bubblewrap" and exit_code == 1 and (started := _BWRAP_FAILURE.match(output)):
+            return (
+                f"[the sandbox (bubblewrap) could not start: {started.group(1).strip()}; the command did not "
+                "run. Ask the user to repair bubblewrap, or to change sandbox.backend or sandbox.mode]"
+            )
+        blocked: list[str] = []
+        landlock_denied = self.backend == "landlock" and _DENIED_FAILURE.search(output) is not None
+        if _READ_ONLY_FAILURE.search(output) or landlock_denied:
+            blocked.append(self._write_rule())
+        if not self.has_network and (_NETWORK_FAILURE.search(output) or landlock_denied):
+            blocked.append(f"the sandbox ({self.mode}) has no network (sandbox.network: false)")
+        if not blocked:
+            return None
+        # Landlock's refusals look like any "Permission denied": say what the sandbox may have done
+        hedge = "perhaps " if landlock_denied else ""
+        return (
+            f"[{hedge}{'; or '.join(blocked)}. If this one command must do that, call terminal again with "
+            "outside_sandbox: true, and the user is asked]"
+        )
+
+    def _write_rule(self) -> str:
+        if self.mode == "read-only":
+            return "the sandbox (read-only) blocked a write: commands may not write anywhere"
+        places = ", ".join(str(p) for p in self.writable_places())
+        rule = f"the sandbox (workspace-write) blocked writing outside {places}"
+        kept = ", ".join(str(p) for p in self.read_only_places())
+        if kept and self.backend == "bubblewrap":
+            rule += f" (read-only even there: {kept})"
+        return rule
