@@ -234,12 +234,13 @@ def main() -> None:
             show(f"per-iteration overhead, {length} messages", ours, bare)
             show(f"  bare openai SDK loop, {length} messages", bare)
         bench_parallel_tools(server, home)
-    from bench import context, delegation, render, sessions
+    from bench import context, delegation, render, sandbox, sessions
 
     sessions.main()
     context.main()
     delegation.main()
     render.main()
+    sandbox.main()
 
 
 if __name__ == "__main__":

@@ -1,0 +1,56 @@
+"""The sandbox's cost: `true` through the terminal tool, confined vs unconfined (floor: under 30 ms more)."""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.figures import show  # noqa: E402
+from mibyan.agent.errors import ConfigError  # noqa: E402
+from mibyan.agent.interruptible import InterruptSignal  # noqa: E402
+from mibyan.tools import context  # noqa: E402
+from mibyan.tools.sandbox import Sandbox  # noqa: E402
+from mibyan.tools.terminal import terminal  # noqa: E402
+
+EXTRA_FLOOR_MS = 30.0
+
+
+def timed_true(sandbox: Sandbox | None) -> float:
+    token = context.bind(context.ToolContext(task_id=None, signal=InterruptSignal(), sandbox=sandbox))
+    try:
+        began = time.perf_counter()
+        result = terminal("true")
+        elapsed = (time.perf_counter() - began) * 1000
+    finally:
+        context.unbind(token)
+    if "[exit code 0" not in result:
+        raise RuntimeError(f"`true` failed: {result}")
+    return elapsed
+
+
+def main(runs: int = 30) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        workdir = Path(tmp)
+        for backend in ("bubblewrap", "landlock"):
+            try:
+                sandbox = Sandbox("workspace-write", workdir, protected=[workdir / "home"], backend=backend)
+            except ConfigError as exc:  # a backend this machine lacks is reported, not measured
+                print(f"terminal `true` in the sandbox ({backend}): not measured: {exc}")
+                continue
+            confined: list[float] = []
+            plain: list[float] = []
+            for _ in range(runs):  # alternate, so drift in the machine's load hits both alike
+                confined.append(timed_true(sandbox))
+                plain.append(timed_true(None))
+            show(f"terminal `true` in the sandbox ({backend})", confined, plain)
+            extra = [c - p for c, p in zip(confined, plain, strict=True)]
+            show(f"  extra time of the sandbox ({backend})", extra, [EXTRA_FLOOR_MS])
+
+
+if __name__ == "__main__":
+    main()
