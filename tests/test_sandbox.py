@@ -4,8 +4,10 @@ real sandbox, and the file system (or a loopback server) shows what they could a
 from __future__ import annotations
 
 import functools
+import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
@@ -15,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import run_cli
+from conftest import ROOT, run_cli
 from loopback import Reply, ScriptedServer
 from test_tools import running_with_arguments, tool_results
 
@@ -360,3 +362,81 @@ def test_without_a_backend_the_sandbox_says_commands_run_unconfined(places: Plac
     assert sandbox.warning() == UNCONFINED_WARNING
     assert not sandbox.active and sandbox.wrap(["true"]) == ["true"]
     assert UNCONFINED_WARNING in sandbox.describe()
+
+
+@needs_bwrap
+def test_a_subagent_never_leaves_the_sandbox_on_the_users_behalf(
+    server: ScriptedServer, make_agent: Callable[..., Any], places: Places
+) -> None:
+    escape = f"rm -rf {places.elsewhere}"
+
+    def reply(body: dict[str, Any]) -> Reply:
+        tools = [m for m in body["messages"] if m["role"] == "tool"]
+        child = next(m["content"] for m in body["messages"] if m["role"] == "user").startswith("Task: ")
+        if child:
+            if not tools:
+                return Reply(tool_calls=[("terminal", {"command": escape, "outside_sandbox": True})])
+            return Reply(text=f"child saw: {tools[0]['content']}")
+        if len(tools) == 0:
+            return Reply(tool_calls=[("terminal", {"command": escape})])  # approved for the session
+        if len(tools) == 1:
+            return Reply(tool_calls=[("delegate_task", {"tasks": [{"goal": "clean up"}]})])
+        return Reply(text="done")
+
+    server.default = reply
+    asked: list[str] = []
+    result = make_agent(approval_callback=lambda c, r: asked.append(r) or "session").run_conversation("go")
+
+    assert asked == ["recursive delete"]  # the parent's own call; the child's request never reached the user
+    assert (places.elsewhere / "keep.txt").exists()
+    assert "denied by user" in tool_results(result)[1]
+
+
+@needs_landlock
+def test_a_library_caller_hears_what_landlock_cannot_protect_once_per_process(
+    server: ScriptedServer, places: Places
+) -> None:
+    home = places.workdir / "home"
+    home.mkdir()
+    configure(home, "{backend: landlock}")
+    program = (
+        "import sys\nfrom run_agent import AIAgent\n"
+        "for _ in range(2):\n"
+        f"    AIAgent(base_url={server.base_url!r}, home={str(home)!r},"
+        " status_callback=lambda kind, text: print(kind, text))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", program],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        check=False,
+    )
+
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("sandbox the sandbox (Landlock) cannot protect")
+    assert str(home) in lines[0]
+
+
+@needs_bwrap
+@pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
+def test_writable_git_covers_a_linked_worktree_whose_repository_lies_elsewhere(
+    server: ScriptedServer,
+    make_agent: Callable[..., Any],
+    places: Places,
+    home: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    repository = places.elsewhere / "repo"
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@example.com"]
+    subprocess.run([*git, "init", "-q", str(repository)], check=True)
+    subprocess.run([*git, "-C", str(repository), "commit", "-q", "--allow-empty", "-m", "one"], check=True)
+    tree = places.workdir / "tree"
+    subprocess.run([*git, "-C", str(repository), "worktree", "add", "-q", str(tree)], check=True)
+    monkeypatch.chdir(tree)  # the working directory is the linked worktree
+    commit = f"{' '.join(git)} commit -q --allow-empty -m two && git log --format=%s -1"
+
+    assert "[exit code 0" not in run_command(server, make_agent, commit)
+    configure(home, "{writable_git: true}")
+    assert run_command(server, make_agent, commit).startswith("two\n")

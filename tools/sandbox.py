@@ -170,7 +170,21 @@ class Sandbox:
         if self.mode != "workspace-write":
             return []
         temp = {Path("/tmp"), Path(tempfile.gettempdir()).resolve()}
-        return [self.workdir, *sorted(temp), *self.writable]
+        return [self.workdir, *sorted(temp), *self.writable, *self._linked_git_dirs()]
+
+    def _linked_git_dirs(self) -> list[Path]:
+        """With `writable_git`, a linked worktree's git folders, which live outside the working directory."""
+        marker = self.workdir / ".git"
+        if not self.writable_git or not marker.is_file():
+            return []
+        text = marker.read_text(encoding="utf-8", errors="replace").strip()
+        if not text.startswith("gitdir:"):
+            return []
+        gitdir = _resolved(text.removeprefix("gitdir:").strip(), self.workdir)
+        common = gitdir / "commondir"
+        if common.is_file():
+            return [gitdir, _resolved(common.read_text(encoding="utf-8").strip(), gitdir)]
+        return [gitdir]
 
     def read_only_places(self) -> list[Path]:
         """Places inside the writable ones that stay read-only: `.git` (unless allowed) and mibyan's own."""
