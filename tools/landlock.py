@@ -82,14 +82,17 @@ class Ruleset:
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
+        # looked up now, so the child does as little as it can between fork and exec
+        self._prctl = _libc().prctl
+        self._syscall = _libc().syscall
 
     def restrict(self) -> None:
         """Runs in the child between fork and exec: no new privileges, then the ruleset, for good."""
-        libc = _libc()
-        if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        failed = self._prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0
+        if failed or self._syscall(_SYS_RESTRICT_SELF, self.fd, 0) != 0:
+            # never run the command unconfined when confinement was asked for
+            os.write(2, b"mibyan: the sandbox (Landlock) could not confine the command; it did not run\n")
             os._exit(126)
-        if libc.syscall(_SYS_RESTRICT_SELF, self.fd, 0) != 0:
-            os._exit(126)  # never run the command unconfined when confinement was asked for
         os.close(self.fd)
 
     def close(self) -> None:

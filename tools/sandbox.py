@@ -246,8 +246,8 @@ class Sandbox:
                 options += ["--bind", str(place), str(place)]
         for place in self.read_only_places():
             if place.name == ".mibyan":
-                # a command must not create it either: an empty folder is held read-only in its place
-                # (a folder we may not create, a command of ours may not create either)
+                # a command must not create it either, so an empty folder is held read-only in its place
+                # (where mibyan cannot create it, the commands it runs cannot either)
                 with contextlib.suppress(OSError):
                     place.mkdir(mode=0o700, exist_ok=True)
             if place.exists():

@@ -1,7 +1,9 @@
 """The terminal tool: run a shell command in its own process group, with a timeout and capped output.
 
-Commands run in the agent's sandbox (tools/sandbox.py). One call may ask to run outside it
-(`outside_sandbox`): that is a dangerous call of its own kind, which the user answers every time.
+Commands run in the agent's sandbox (tools/sandbox.py), which the tool executor hands over in the tool
+context; called without one (`model_tools.handle_function_call`, which runs only commands judged safe)
+they run unconfined. One call may ask to run outside the sandbox (`outside_sandbox`): that is a
+dangerous call of its own kind, which the user answers every time.
 """
 
 from __future__ import annotations
