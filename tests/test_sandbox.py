@@ -18,6 +18,8 @@ from typing import Any
 
 import pytest
 from conftest import ROOT, run_cli
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from loopback import Reply, ScriptedServer
 from test_tools import running_with_arguments, tool_results
 
@@ -440,3 +442,57 @@ def test_writable_git_covers_a_linked_worktree_whose_repository_lies_elsewhere(
     assert "[exit code 0" not in run_command(server, make_agent, commit)
     configure(home, "{writable_git: true}")
     assert run_command(server, make_agent, commit).startswith("two\n")
+
+
+# -- the sandbox on its own, as the gateway uses it --------------------------------------------------------
+
+
+@needs_bwrap
+def test_a_fresh_sandbox_rooted_at_a_workspace_confines_what_it_wraps(places: Places) -> None:
+    workspace = places.workdir / "workspace"
+    workspace.mkdir()
+    sandbox = Sandbox("workspace-write", workspace, network=False, protected=[places.workdir])
+    command = f"echo one > made.txt; echo two > {places.elsewhere}/x; echo three > ../beside.txt"
+
+    done = subprocess.run(
+        sandbox.wrap(["bash", "-c", command], cwd=workspace), capture_output=True, check=False
+    )
+
+    assert (workspace / "made.txt").read_text() == "one\n"
+    assert not (places.elsewhere / "x").exists() and not (places.workdir / "beside.txt").exists()
+    assert done.stderr.count(b"Read-only file system") == 2
+    assert sandbox.describe().startswith(f"sandbox workspace-write (bubblewrap): writes in {workspace}")
+
+
+SEGMENTS = ("a", "b", "..", ".", ".git", ".mibyan", "home", "link", "elsewhere")
+
+
+@needs_bwrap
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(paths=st.lists(st.lists(st.sampled_from(SEGMENTS), min_size=1, max_size=5), min_size=1, max_size=4))
+def test_no_path_a_command_can_name_lets_it_write_outside_the_allowed_places(
+    places: Places, paths: list[list[str]]
+) -> None:
+    """Whatever mix of `..`, links, `.git`, `.mibyan` and the home a path holds, a write lands only where
+    the sandbox allows: in the working directory but not in its `.git`, `.mibyan` or the mibyan home."""
+    workdir = places.workdir
+    (workdir / ".git").mkdir(exist_ok=True)
+    (workdir / "home").mkdir(exist_ok=True)
+    if not (workdir / "link").is_symlink():
+        (workdir / "link").symlink_to(places.elsewhere)
+    sandbox = Sandbox("workspace-write", workdir, protected=[workdir / "home"])
+    targets = ["/".join([*segments, "written.txt"]) for segments in paths]
+    script = "; ".join(
+        f"mkdir -p \"$(dirname '{t}')\" 2>/dev/null; echo x > '{t}' 2>/dev/null" for t in targets
+    )
+
+    subprocess.run(sandbox.wrap(["bash", "-c", script], cwd=workdir), capture_output=True, check=False)
+
+    allowed = workdir.resolve()
+    kept = [allowed / ".git", allowed / ".mibyan", allowed / "home"]
+    root = workdir.parent
+    for written in root.rglob("written.txt"):
+        where = written.resolve()
+        assert allowed in where.parents, f"{where} was written outside the working directory"
+        assert not any(k in where.parents for k in kept), f"{where} was written in a read-only place"
+        written.unlink()
