@@ -496,3 +496,19 @@ def test_no_path_a_command_can_name_lets_it_write_outside_the_allowed_places(
         assert allowed in where.parents, f"{where} was written outside the working directory"
         assert not any(k in where.parents for k in kept), f"{where} was written in a read-only place"
         written.unlink()
+
+
+@needs_bwrap
+def test_commands_run_in_the_workspace_a_sandbox_is_rooted_at(
+    server: ScriptedServer, make_agent: Callable[..., Any], places: Places
+) -> None:
+    workspace = places.workdir / "agents" / "meepa" / "workspace"
+    workspace.mkdir(parents=True)
+    agent = make_agent()
+    agent.sandbox = Sandbox("workspace-write", workspace, network=False)
+    server.add(Reply(tool_calls=[("terminal", {"command": "pwd; echo x > made.txt"})]), Reply(text="ok"))
+
+    result = tool_results(agent.run_conversation("go"))[0]
+
+    assert result.startswith(f"{workspace}\n")
+    assert (workspace / "made.txt").exists()

@@ -95,9 +95,12 @@ def terminal(
     """
     if workdir and not os.path.isdir(workdir):
         raise ToolError(f"no such directory: {workdir}")
-    sandbox = None if outside_sandbox else _sandbox()
+    agents = _sandbox()
+    sandbox = None if outside_sandbox else agents
+    # the sandbox is rooted at the agent's working directory (a gateway agent's workspace, say): run there
+    cwd = workdir or (str(agents.workdir) if agents is not None else None)
     started = time.monotonic()
-    process = _start(["bash", "-c", command], sandbox, workdir or None)
+    process = _start(["bash", "-c", command], sandbox, cwd)
     output = _Output()
     stream = cast(io.BufferedReader, process.stdout)
 
