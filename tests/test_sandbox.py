@@ -512,3 +512,23 @@ def test_commands_run_in_the_workspace_a_sandbox_is_rooted_at(
 
     assert result.startswith(f"{workspace}\n")
     assert (workspace / "made.txt").exists()
+
+
+def test_a_sandbox_that_cannot_start_says_so_and_runs_nothing(
+    server: ScriptedServer, places: Places, home: Path, tmp_path: Path
+) -> None:
+    # a bwrap as it answers where the kernel refuses it namespaces (unprivileged user namespaces off)
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    refusal = "bwrap: No permissions to create new namespace"
+    (fake / "bwrap").write_text(f"#!/bin/sh\necho '{refusal}' >&2\nexit 1\n")
+    (fake / "bwrap").chmod(0o755)
+    server.add(Reply(tool_calls=[("terminal", {"command": "touch made.txt"})]), Reply(text="ok"))
+
+    env = {"PATH": f"{fake}:{os.environ['PATH']}"}
+    done = run_cli("chat", "-q", "go", "--base-url", server.base_url, home=home, env=env)
+
+    assert done.returncode == 0, done.stderr
+    assert not (places.workdir / "made.txt").exists()
+    result = server.requests[-1].body["messages"][-1]["content"]
+    assert "[the sandbox (bubblewrap) could not start: No permissions to create new namespace" in result

@@ -62,13 +62,19 @@ def _landlock() -> ModuleType:
 
 
 @functools.cache
+def _bwrap() -> str | None:
+    """Where bwrap is, looked up once: later changes to PATH (or a planted `bwrap`) do not move it."""
+    return shutil.which("bwrap")
+
+
+@functools.cache
 def detect_backend() -> Backend:
     """The best backend this machine has; looked up once per process, without running anything.
 
     bubblewrap is chosen when `bwrap` is on PATH; whether it can make namespaces here shows at its first
     use, and a failure then is reported in the command's result, never hidden by running unconfined.
     """
-    if shutil.which("bwrap"):
+    if _bwrap():
         return "bubblewrap"
     if _landlock().abi_version() > 0:
         return "landlock"
@@ -142,7 +148,7 @@ class Sandbox:
         self.backend: Backend = backend or detect_backend()
         if mode != "off" and self.backend == "landlock" and _landlock().abi_version() <= 0:
             raise ConfigError("sandbox.backend: landlock: this kernel does not offer Landlock")
-        if mode != "off" and self.backend == "bubblewrap" and not shutil.which("bwrap"):
+        if mode != "off" and self.backend == "bubblewrap" and not _bwrap():
             raise ConfigError("sandbox.backend: bubblewrap: bwrap is not installed (package bubblewrap)")
 
     @property
@@ -239,7 +245,7 @@ class Sandbox:
         return Launch(list(argv), ruleset.restrict, (ruleset.fd,), ruleset.close)
 
     def _bwrap_options(self) -> list[str]:
-        options = ["bwrap", "--die-with-parent", "--new-session", "--unshare-pid"]
+        options = [_bwrap() or "bwrap", "--die-with-parent", "--new-session", "--unshare-pid"]
         options += ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
         for place in self.writable_places():
             if place.exists():
