@@ -162,3 +162,9 @@ def test_no_path_a_command_can_name_lets_it_write_outside_the_allowed_places(
         assert allowed in where.parents, f"{where} was written outside the working directory"
         assert not any(k in where.parents for k in kept), f"{where} was written in a read-only place"
         written.unlink()
+
+
+@needs_bwrap
+def test_a_sandbox_rooted_at_the_root_says_it_confines_nothing() -> None:
+    assert "write everywhere" in str(Sandbox("workspace-write", "/").warning())
+    assert Sandbox("read-only", "/").warning() is None

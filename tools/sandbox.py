@@ -162,6 +162,8 @@ class Sandbox:
             return None
         if self.backend == "none":
             return UNCONFINED_WARNING
+        if self.mode == "workspace-write" and self.workdir == Path("/"):
+            return "the working directory is /, so the sandbox lets commands write everywhere"
         if self.backend != "landlock":
             return None
         gaps = [str(p) for p in self.read_only_places()]
