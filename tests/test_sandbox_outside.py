@@ -3,11 +3,14 @@ for a subagent, never for a command that never runs."""
 
 from __future__ import annotations
 
+import shutil
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import ROOT
 from loopback import Reply, ScriptedServer
 from sandboxing import (
     Places,
@@ -15,6 +18,7 @@ from sandboxing import (
     needs_bwrap,
     places_outside_temp,
 )
+from test_repl_tmux import Terminal
 from test_tools import tool_results
 
 
@@ -118,3 +122,34 @@ def test_a_subagent_never_leaves_the_sandbox_on_the_users_behalf(
     assert asked == ["recursive delete"]  # the parent's own call; the child's request never reached the user
     assert (places.elsewhere / "keep.txt").exists()
     assert "denied by user" in tool_results(result)[1]
+
+
+@needs_bwrap
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+def test_in_the_chat_the_user_lets_one_command_out_and_is_asked_again_for_the_next(
+    server: ScriptedServer, places: Places, home: Path
+) -> None:
+    server.add(
+        Reply(tool_calls=[("terminal", {"command": f"touch {places.elsewhere}/a", "outside_sandbox": True})]),
+        Reply(text="First done."),
+        Reply(tool_calls=[("terminal", {"command": f"touch {places.elsewhere}/b", "outside_sandbox": True})]),
+        Reply(text="Second refused."),
+    )
+    environment = {"MIBYAN_HOME": str(home), "PYTHONPATH": str(ROOT), "TERM": "xterm-256color"}
+    chat = Terminal(
+        [sys.executable, "-m", "mibyan.cli.main", "chat", "--base-url", server.base_url], environment
+    )
+    try:
+        chat.wait_for("›")
+        chat.send("make a", "Enter")
+        chat.wait_for("This command runs outside the sandbox")
+        chat.send("s", "Enter")  # "for the session" still covers only this one command
+        chat.wait_for("First done.")
+        chat.send("make b", "Enter")
+        chat.wait_for("This command runs outside the sandbox", count=2)
+        chat.send("d", "Enter")
+        chat.wait_for("Second refused.")
+    finally:
+        chat.close()
+
+    assert (places.elsewhere / "a").exists() and not (places.elsewhere / "b").exists()
