@@ -189,14 +189,22 @@ def test_commands_run_in_the_workspace_a_sandbox_is_rooted_at(
     server: ScriptedServer, make_agent: Callable[..., Any], places: Places
 ) -> None:
     workspace = places.workdir / "agents" / "meepa" / "workspace"
-    workspace.mkdir(parents=True)
+    (workspace / "sub").mkdir(parents=True)
     agent = make_agent()
     agent.sandbox = Sandbox("workspace-write", workspace, network=False)
-    server.add(Reply(tool_calls=[("terminal", {"command": "pwd; echo x > made.txt"})]), Reply(text="ok"))
+    server.add(
+        Reply(
+            tool_calls=[
+                ("terminal", {"command": "pwd; echo x > made.txt"}),
+                ("terminal", {"command": "pwd", "workdir": "sub"}),  # relative to the workspace too
+            ]
+        ),
+        Reply(text="ok"),
+    )
 
-    result = tool_results(agent.run_conversation("go"))[0]
+    results = tool_results(agent.run_conversation("go"))
 
-    assert result.startswith(f"{workspace}\n")
+    assert results[0].startswith(f"{workspace}\n") and results[1].startswith(f"{workspace / 'sub'}\n")
     assert (workspace / "made.txt").exists()
 
 

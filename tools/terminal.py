@@ -15,6 +15,7 @@ import signal
 import subprocess
 import threading
 import time
+from pathlib import Path
 from typing import Any, cast
 
 from mibyan.agent.errors import ToolError
@@ -29,7 +30,7 @@ _KILL_GRACE = 0.5
 
 def _sandbox() -> Sandbox | None:
     current = context.current()
-    return current.sandbox if current is not None and current.sandbox is not None else None
+    return current.sandbox if current is not None else None
 
 
 def terminal_verdict(args: dict[str, Any]) -> Verdict:
@@ -93,14 +94,15 @@ def terminal(
         outside_sandbox: run this one command outside the sandbox. The user is asked every time; use it
             only after the sandbox blocked a command that really must write elsewhere or use the network.
     """
-    if workdir and not os.path.isdir(workdir):
-        raise ToolError(f"no such directory: {workdir}")
-    agents = _sandbox()
-    sandbox = None if outside_sandbox else agents
+    agent_sandbox = _sandbox()
     # the sandbox is rooted at the agent's working directory (a gateway agent's workspace, say): run there
-    cwd = workdir or (str(agents.workdir) if agents is not None else None)
+    base = agent_sandbox.workdir if agent_sandbox is not None else Path.cwd()
+    cwd = base / Path(workdir).expanduser() if workdir else base
+    if not cwd.is_dir():
+        raise ToolError(f"no such directory: {workdir}")
+    sandbox = None if outside_sandbox else agent_sandbox
     started = time.monotonic()
-    process = _start(["bash", "-c", command], sandbox, cwd)
+    process = _start(["bash", "-c", command], sandbox, str(cwd))
     output = _Output()
     stream = cast(io.BufferedReader, process.stdout)
 
@@ -133,7 +135,7 @@ def terminal(
     return f"{text}\n{status}" if text else status
 
 
-def _start(argv: list[str], sandbox: Sandbox | None, cwd: str | None) -> subprocess.Popen[bytes]:
+def _start(argv: list[str], sandbox: Sandbox | None, cwd: str) -> subprocess.Popen[bytes]:
     """Start `argv` in its own session (so the whole group can be killed), confined by `sandbox`."""
     launch = sandbox.launch(argv, cwd=cwd) if sandbox is not None else Launch(argv)
     try:
