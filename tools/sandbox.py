@@ -279,9 +279,12 @@ class Sandbox:
                 "run. Ask the user to repair bubblewrap, or to change sandbox.backend or sandbox.mode]"
             )
         blocked: list[str] = []
+        advice = ""
         landlock_denied = self.backend == "landlock" and _DENIED_FAILURE.search(output) is not None
         if _READ_ONLY_FAILURE.search(output) or landlock_denied:
             blocked.append(self._write_rule())
+            if self.mode == "workspace-write":
+                advice = " (a place needed often, such as a cache, the user may add to sandbox.writable)"
         if not self.has_network and (_NETWORK_FAILURE.search(output) or landlock_denied):
             blocked.append(f"the sandbox ({self.mode}) has no network (sandbox.network: false)")
         if not blocked:
@@ -290,7 +293,7 @@ class Sandbox:
         hedge = "perhaps " if landlock_denied else ""
         return (
             f"[{hedge}{'; or '.join(blocked)}. If this one command must do that, call terminal again with "
-            "outside_sandbox: true, and the user is asked]"
+            f"outside_sandbox: true, and the user is asked{advice}]"
         )
 
     def _write_rule(self) -> str:
