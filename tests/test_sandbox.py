@@ -17,6 +17,7 @@ from loopback import Reply, ScriptedServer
 from sandboxing import (
     BLOCKED,
     Places,
+    bwrap_works,
     configure,
     fetch,
     needs_bwrap,
@@ -26,6 +27,7 @@ from sandboxing import (
 )
 from test_tools import running_with_arguments, tool_results
 
+from mibyan.tools import landlock
 from mibyan.tools.sandbox import Sandbox
 
 
@@ -80,6 +82,27 @@ def test_mibyan_home_inside_the_working_directory_stays_read_only(
 
     assert (home / "config.yaml").read_text() == before
     assert "Read-only file system" in result and BLOCKED in result
+
+
+@pytest.mark.parametrize("backend", ["bubblewrap", "landlock"])
+def test_a_command_cannot_remount_or_unmount_its_way_out(
+    server: ScriptedServer, make_agent: Callable[..., Any], places: Places, home: Path, backend: str
+) -> None:
+    if (backend == "bubblewrap" and not bwrap_works()) or (
+        backend == "landlock" and not landlock.abi_version()
+    ):
+        pytest.skip(f"{backend} is not available here")
+    configure(home, f"{{backend: {backend}}}")
+    escape = (
+        f"mount -o remount,rw / ; mount -o remount,rw {places.elsewhere.parent} ; umount .mibyan ; "
+        f"touch {places.elsewhere}/escaped ; echo 'sandbox: {{mode: off}}' > .mibyan/config.yaml"
+    )
+
+    run_command(server, make_agent, escape, yolo=True)
+
+    assert not (places.elsewhere / "escaped").exists()
+    if backend == "bubblewrap":  # Landlock cannot hold ./.mibyan read-only (it says so at start)
+        assert not (places.workdir / ".mibyan" / "config.yaml").exists()
 
 
 @needs_bwrap

@@ -12,9 +12,9 @@ when it does, so that a mistake in one layer is caught by the other. Modes:
 - `off`: commands run as they are.
 
 Backends, in order: bubblewrap (`bwrap`: a read-only view of /, the writable places bound over it, new
-PID namespace and session, killed with its parent, no network namespace when asked), then Landlock (a
-kernel facility, applied to the command's process just before it starts), then none: commands run
-unconfined, and the agent says so once per process.
+PID namespace and session, no capabilities, killed with its parent, no network namespace when asked),
+then Landlock (a kernel facility, applied to the command's process just before it starts), then none:
+commands run unconfined, and the agent says so once per process.
 
 `Sandbox(...).launch(argv)` is the one entry point: it gives what `subprocess.Popen` needs to start
 `argv` confined. A command that fails because of the sandbox gets a note saying so (`explain`), so the
@@ -247,7 +247,16 @@ class Sandbox:
         return Launch(list(argv), ruleset.restrict, (ruleset.fd,), ruleset.close)
 
     def _bwrap_options(self) -> list[str]:
-        options = [_bwrap() or "bwrap", "--die-with-parent", "--new-session", "--unshare-pid"]
+        # --cap-drop ALL: run by root, bwrap would leave the command every capability, and a remount
+        # (or an unmount of a read-only bind) would undo the sandbox from inside
+        options = [
+            _bwrap() or "bwrap",
+            "--die-with-parent",
+            "--new-session",
+            "--unshare-pid",
+            "--cap-drop",
+            "ALL",
+        ]
         options += ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
         for place in self.writable_places():
             if place.exists():
