@@ -85,7 +85,7 @@ def test_mibyan_home_inside_the_working_directory_stays_read_only(
 
 
 @pytest.mark.parametrize("backend", ["bubblewrap", "landlock"])
-def test_a_command_cannot_remount_or_unmount_its_way_out(
+def test_a_command_cannot_remount_unmount_or_change_kernel_settings_to_get_out(
     server: ScriptedServer, make_agent: Callable[..., Any], places: Places, home: Path, backend: str
 ) -> None:
     if (backend == "bubblewrap" and not bwrap_works()) or (
@@ -95,12 +95,15 @@ def test_a_command_cannot_remount_or_unmount_its_way_out(
     configure(home, f"{{backend: {backend}}}")
     escape = (
         f"mount -o remount,rw / ; mount -o remount,rw {places.elsewhere.parent} ; umount .mibyan ; "
-        f"touch {places.elsewhere}/escaped ; echo 'sandbox: {{mode: off}}' > .mibyan/config.yaml"
+        f"touch {places.elsewhere}/escaped ; echo 'sandbox: {{mode: off}}' > .mibyan/config.yaml ; "
+        # a kernel setting, written back unchanged: as root this would change it for the whole machine
+        "v=$(cat /proc/sys/vm/swappiness) && echo $v > /proc/sys/vm/swappiness && echo SETTING-WRITTEN"
     )
 
-    run_command(server, make_agent, escape, yolo=True)
+    result = run_command(server, make_agent, escape, yolo=True)
 
     assert not (places.elsewhere / "escaped").exists()
+    assert "SETTING-WRITTEN" not in result
     if backend == "bubblewrap":  # Landlock cannot hold ./.mibyan read-only (it says so at start)
         assert not (places.workdir / ".mibyan" / "config.yaml").exists()
 

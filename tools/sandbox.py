@@ -258,6 +258,10 @@ class Sandbox:
             "ALL",
         ]
         options += ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
+        # the kernel's settings stay read-only: root could otherwise change them for the whole machine
+        # (kernel.core_pattern, say, runs a program of its choosing outside any sandbox)
+        options += ["--ro-bind", "/proc/sys", "/proc/sys"]
+        options += ["--ro-bind-try", "/proc/sysrq-trigger", "/proc/sysrq-trigger"]
         for place in self.writable_places():
             if place.exists():
                 options += ["--bind", str(place), str(place)]
