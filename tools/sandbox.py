@@ -169,6 +169,8 @@ class Sandbox:
         gaps = [str(p) for p in self.read_only_places()]
         if self.has_network and not self.network:
             gaps.append("the network (this kernel's Landlock cannot take it away)")
+        elif not self.network:
+            gaps.append("the network beyond TCP (Landlock cannot stop UDP, DNS among it)")
         if not gaps:
             return None
         return f"the sandbox (Landlock) cannot protect {', '.join(gaps)}; install bubblewrap for that"
@@ -178,7 +180,7 @@ class Sandbox:
         if self.mode != "workspace-write":
             return []
         temp = {Path("/tmp"), Path(tempfile.gettempdir()).resolve()}
-        return [self.workdir, *sorted(temp), *self.writable, *self._linked_git_dirs()]
+        return list(dict.fromkeys([self.workdir, *sorted(temp), *self.writable, *self._linked_git_dirs()]))
 
     def _linked_git_dirs(self) -> list[Path]:
         """With `writable_git`, a linked worktree's git folders, which live outside the working directory."""
@@ -215,7 +217,10 @@ class Sandbox:
         if kept:
             held = "cannot be held read-only by Landlock" if self.backend == "landlock" else "read-only"
             line += f"; {held}: {kept}"
-        return line + f"; network {'on' if self.has_network else 'off'}"
+        network = "on" if self.has_network else "off"
+        if not self.has_network and self.backend == "landlock":
+            network = "off for TCP (UDP stays on)"
+        return line + f"; network {network}"
 
     @property
     def has_network(self) -> bool:
