@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_for_futures
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -178,19 +179,29 @@ class ToolExecutorMixin:
         """Hooks → approval → handler → hooks for one resolved call. Runs on a worker thread."""
         assert plan.spec is not None and plan.args is not None
         spec, args, task_id = plan.spec, plan.args, turn.task_id
-        token = context.bind(
-            context.ToolContext(task_id=task_id, signal=self._signal, home=self.home, sandbox=self.sandbox)
+        bound = context.ToolContext(
+            task_id=task_id,
+            signal=self._signal,
+            home=self.home,
+            sandbox=self.sandbox,
+            protected=self._hook_files(),
+            allow_private_web=self.settings.web.allow_private,
         )
+        token = context.bind(bound)
         try:
             reason = self.hooks.before_tool(plan.name, args, task_id)
             if reason is not None:
                 return f"blocked by a hook: {reason}", False
             if spec.dangerous is not None:
-                subject = str(args.get("command") or json.dumps(args, ensure_ascii=False))
-                allowed, why = self.approvals.decide(subject, spec.dangerous(args))
+                verdict = spec.dangerous(args)
+                subject = spec.subject(args) if spec.subject is not None else None
+                subject = subject or str(args.get("command") or json.dumps(args, ensure_ascii=False))
+                allowed, why = self.approvals.decide(subject, verdict)
                 if not allowed:
                     self.callbacks.emit("status_callback", "denied", f"{plan.name}: {why}")
                     return why, False
+                context.unbind(token)
+                token = context.bind(replace(bound, approved=verdict))
             handler = self._agent_level_tool(plan.name)
             result = handler(args, turn) if handler is not None else run_tool(spec, args, task_id)
             result = self.hooks.after_tool(plan.name, args, result, task_id)
@@ -199,6 +210,17 @@ class ToolExecutorMixin:
             return f"error: {exc}", False
         finally:
             context.unbind(token)
+
+    def _hook_files(self) -> tuple[Path, ...]:
+        """The source files of the configured hooks: code mibyan runs, so no tool may write it."""
+        files: list[Path] = []
+        for paths in self.settings.hooks.model_dump().values():
+            for hook in paths:
+                module = sys.modules.get(hook.partition(":")[0])
+                source = getattr(module, "__file__", None)
+                if source:
+                    files.append(Path(source))
+        return tuple(files)
 
     def _run_with_progress(self, plan: PlannedCall, turn: TurnState) -> tuple[str, bool]:
         started = time.monotonic()

@@ -113,6 +113,10 @@ class ToolsSection(_Section):
     deny: list[str] = []
 
 
+class WebSection(_Section):
+    allow_private: bool = False
+
+
 class CompressionSection(_Section):
     enabled: bool = True
     engine: str = "default"
@@ -159,6 +163,7 @@ class AgentSettings(_Section):
     compression: CompressionSection = CompressionSection()
     delegation: DelegationSection = DelegationSection()
     skills: SkillsSection = SkillsSection()
+    web: WebSection = WebSection()
     auxiliary: dict[str, AuxiliaryTask] = {}
     fallback_providers: list[FallbackSettings] = []
 

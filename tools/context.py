@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from mibyan.agent.interruptible import InterruptSignal
+from mibyan.tools.approval import Verdict
 
 if TYPE_CHECKING:
     from mibyan.tools.sandbox import Sandbox
@@ -21,12 +22,22 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class ToolContext:
     """The call a tool serves: its task, the stop signal, the agent's home (off limits to tools), and the
-    sandbox its commands run in (None: unconfined)."""
+    sandbox its commands run in (None: unconfined).
+
+    Attributes:
+        protected: more files no tool may write (the modules of the configured hooks).
+        allow_private_web: web_fetch may reach loopback and private addresses (`web.allow_private`).
+        approved: the verdict the user (or --yolo) allowed for this call; a tool that judges again at
+            the moment it acts (the file tools) goes on only when nothing changed in between.
+    """
 
     task_id: str | None
     signal: InterruptSignal
     home: Path | None = None
     sandbox: Sandbox | None = None
+    protected: tuple[Path, ...] = ()
+    allow_private_web: bool = False
+    approved: Verdict | None = None
 
 
 _CURRENT: ContextVar[ToolContext | None] = ContextVar("mibyan_tool_context", default=None)

@@ -1,4 +1,9 @@
-"""File tools: read, write and list files relative to the working directory."""
+"""File tools: read, write and list files relative to the working directory.
+
+Every call is judged by `tools.path_policy` twice: before it runs (the `dangerous=` verdict, which
+goes through the approval flow) and again at the moment it acts, on a fresh resolution of the path, so
+a symlink swapped in between cannot redirect an approved call. Writes go through `tools.safe_write`.
+"""
 
 from __future__ import annotations
 
@@ -8,15 +13,50 @@ import os
 import re
 import shutil
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from mibyan.agent.errors import ToolError
+from mibyan.config.paths import mibyan_home
+from mibyan.tools import context
+from mibyan.tools.approval import Verdict
+from mibyan.tools.path_policy import Access, PathJudgement, judge_path
 from mibyan.tools.registry import tool
+from mibyan.tools.safe_write import atomic_write
 
 
-def _resolve(path: str) -> Path:
-    return Path(path).expanduser()
+def _judge(path: str, access: Access) -> PathJudgement:
+    bound = context.current()
+    home = bound.home if bound is not None and bound.home is not None else mibyan_home()
+    return judge_path(path, access, home=home, protected=bound.protected if bound is not None else ())
+
+
+def _policy(access: Access) -> Callable[[dict[str, Any]], Verdict]:
+    def verdict(args: dict[str, Any]) -> Verdict:
+        return _judge(str(args.get("path") or "."), access).verdict
+
+    return verdict
+
+
+def _subject(name: str, access: Access) -> Callable[[dict[str, Any]], str]:
+    def subject(args: dict[str, Any]) -> str:
+        return f"{name} {_judge(str(args.get('path') or '.'), access).shown}"
+
+    return subject
+
+
+def _resolve(path: str, access: Access = "read") -> Path:
+    """The file to open for `path`, judged again now; raises ToolError unless it is allowed."""
+    judged = _judge(path, access)
+    verdict = judged.verdict
+    if verdict.tier == "hardline":
+        raise ToolError(f"blocked: {verdict.reason}; mibyan never does this")
+    if verdict.tier == "dangerous":
+        bound = context.current()
+        if bound is None or bound.approved != verdict:
+            raise ToolError(f"not done: this {verdict.reason}, and the user did not approve that")
+    return judged.target
 
 
 _MAX_READ_BYTES = 20 * 1024 * 1024
@@ -27,7 +67,12 @@ def _looks_binary(path: Path) -> bool:
         return b"\x00" in handle.read(8192)
 
 
-@tool(toolset="core", max_result_chars=100_000)
+@tool(
+    toolset="core",
+    max_result_chars=100_000,
+    dangerous=_policy("read"),
+    subject=_subject("read_file", "read"),
+)
 def read_file(path: str, offset: int = 1, limit: int = 2000) -> str:
     """Read a text file and return its lines, each prefixed with its line number.
 
@@ -62,7 +107,12 @@ def read_file(path: str, offset: int = 1, limit: int = 2000) -> str:
     return body or "(empty file)"
 
 
-@tool(toolset="core", resource="path")
+@tool(
+    toolset="core",
+    resource="path",
+    dangerous=_policy("write"),
+    subject=_subject("write_file", "write"),
+)
 def write_file(path: str, content: str) -> str:
     """Write text to a file, replacing it if it exists and creating parent folders as needed.
 
@@ -70,15 +120,14 @@ def write_file(path: str, content: str) -> str:
         path: the file to write, absolute or relative to the working directory.
         content: the complete new content of the file.
     """
-    target = _resolve(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    temporary = target.with_name(f".{target.name}.mibyan-tmp")
-    temporary.write_text(content, encoding="utf-8")
-    os.replace(temporary, target)
+    target = _resolve(path, "write")
+    if target.is_dir():
+        raise ToolError(f"{path} is a directory")
+    atomic_write(target, content.encode("utf-8"))
     return f"wrote {len(content.encode())} bytes to {path}"
 
 
-@tool(toolset="core")
+@tool(toolset="core", dangerous=_policy("read"), subject=_subject("list_directory", "read"))
 def list_directory(path: str = ".") -> str:
     """List the entries of a directory; folders end with a slash.
 
@@ -95,7 +144,7 @@ def list_directory(path: str = ".") -> str:
     return "\n".join(p.name + ("/" if p.is_dir() else "") for p in entries) or "(empty directory)"
 
 
-@tool(toolset="core", resource="path")
+@tool(toolset="core", resource="path", dangerous=_policy("write"), subject=_subject("patch", "write"))
 def patch(path: str, old: str, new: str) -> str:
     """Replace one exact piece of text in a file and return the change as a unified diff.
 
@@ -107,7 +156,7 @@ def patch(path: str, old: str, new: str) -> str:
         old: the exact text to replace.
         new: the text to put in its place.
     """
-    target = _resolve(path)
+    target = _resolve(path, "write")
     try:
         original = target.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -117,9 +166,7 @@ def patch(path: str, old: str, new: str) -> str:
         where = "does not appear" if count == 0 else f"appears {count} times"
         raise ToolError(f"the old text {where} in {path}; it must match exactly once")
     updated = original.replace(old, new, 1)
-    temporary = target.with_name(f".{target.name}.mibyan-tmp")
-    temporary.write_text(updated, encoding="utf-8")
-    os.replace(temporary, target)
+    atomic_write(target, updated.encode("utf-8"))
     diff = difflib.unified_diff(
         original.splitlines(keepends=True),
         updated.splitlines(keepends=True),
@@ -164,6 +211,11 @@ def _search_with_ripgrep(pattern: str, root: str, glob: str | None, cap: int) ->
     return _capped(lines, cap)
 
 
+def _off_limits(file: Path) -> bool:
+    """A file a search walks past without opening: a link (as ripgrep does) or a place of secrets."""
+    return file.is_symlink() or _judge(str(file), "read").verdict.key == "secret_read"
+
+
 def _capped(lines: list[str], cap: int) -> str:
     if not lines:
         return "no matches"
@@ -171,7 +223,12 @@ def _capped(lines: list[str], cap: int) -> str:
     return "\n".join(lines[:cap]) + more
 
 
-@tool(toolset="core", max_result_chars=60_000)
+@tool(
+    toolset="core",
+    max_result_chars=60_000,
+    dangerous=_policy("read"),
+    subject=_subject("search_files", "read"),
+)
 def search_files(pattern: str = "", path: str = ".", glob: str | None = None, max_results: int = 200) -> str:
     """Search file contents with a regular expression, or find files by name with a glob.
 
@@ -184,7 +241,10 @@ def search_files(pattern: str = "", path: str = ".", glob: str | None = None, ma
         glob: only files whose name matches this glob, such as "*.py".
         max_results: how many matches to return at most.
     """
-    root = _resolve(path)
+    resolved = _resolve(path)
+    given = Path(path).expanduser()
+    # results name files the way the model wrote the path, unless it leads through a link
+    root = given if os.path.realpath(given) == str(resolved) and not given.is_symlink() else resolved
     if not root.exists():
         raise ToolError(f"no such path: {path}")
     if not pattern:
@@ -202,6 +262,8 @@ def search_files(pattern: str = "", path: str = ".", glob: str | None = None, ma
     hits: list[str] = []
     for file in [root] if root.is_file() else _walk(root):
         if glob and not fnmatch.fnmatch(file.name, glob):
+            continue
+        if file != root and _off_limits(file):
             continue
         try:
             if _looks_binary(file):

@@ -36,6 +36,8 @@ class ToolSpec:
         resource: names the argument whose value is the resource a call touches (calls on one
             resource run in order).
         dangerous: a function giving the approval verdict of a call's arguments (see tools.approval).
+        subject: a function naming, for the approval question, what a call does ("read_file /etc/x");
+            without one the question shows the `command` argument, else the arguments as JSON.
         timeout: seconds the executor waits for a call before reporting a timeout; None means the
             default (`agent.tool_timeout`). A tool that enforces its own limit (terminal) still ends.
     """
@@ -50,6 +52,7 @@ class ToolSpec:
     dangerous: Callable[[dict[str, Any]], Verdict] | None = None
     timeout: float | None = None
     wants_task_id: bool = False
+    subject: Callable[[dict[str, Any]], str] | None = None
 
 
 _REGISTRY: dict[str, ToolSpec] = {}
@@ -148,6 +151,7 @@ def tool(
     resource: str | None = None,
     dangerous: Callable[[dict[str, Any]], Verdict] | None = None,
     timeout: float | None = None,
+    subject: Callable[[dict[str, Any]], str] | None = None,
 ) -> Callable[[ToolHandler], ToolHandler]:
     """Register the decorated function as a tool (see `ToolSpec` for the options)."""
 
@@ -164,6 +168,7 @@ def tool(
             dangerous=dangerous,
             timeout=timeout,
             wants_task_id="task_id" in inspect.signature(fn).parameters,
+            subject=subject,
         )
         return fn
 

@@ -1,0 +1,161 @@
+"""Which files the file tools may touch without asking: the one entry point is `judge_path`.
+
+The working directory (the project) and the temp directory are free. Anything else is outside: a read
+or a write there is "dangerous" and goes through the same approval flow as a dangerous shell command,
+so the user sees the path and the reason. Places that hold secrets (SSH and GPG keys, cloud and
+registry credentials, `.env` files of other projects, /etc/shadow) always ask, under a key of their
+own, even with --yolo. Writes to mibyan's own files (`tools.protected`) are hardline in every mode.
+
+Paths are judged by what they lead to: symlinks are resolved first, so a link inside the project that
+points at ~/.ssh/id_rsa is judged as ~/.ssh/id_rsa. A working directory that is the filesystem root or
+the home folder frees nothing, since it would free the whole machine or every dotfile.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from mibyan.tools.approval import SAFE, Verdict
+from mibyan.tools.protected import protected_reason
+
+Access = Literal["read", "write"]
+
+#: Under the home folder: what each place holds.
+_HOME_SECRETS: dict[str, str] = {
+    ".ssh": "SSH keys",
+    ".gnupg": "GPG keys",
+    ".aws": "AWS credentials",
+    ".azure": "Azure credentials",
+    ".config/gcloud": "Google Cloud credentials",
+    ".config/gh": "GitHub tokens",
+    ".kube/config": "Kubernetes credentials",
+    ".docker/config.json": "container registry credentials",
+    ".netrc": "login passwords",
+    ".git-credentials": "git passwords",
+    ".pgpass": "database passwords",
+    ".npmrc": "npm tokens",
+    ".pypirc": "PyPI tokens",
+    ".password-store": "passwords",
+    ".local/share/keyrings": "passwords",
+}
+_SYSTEM_SECRETS: dict[str, str] = {
+    "/etc/shadow": "the system's password hashes",
+    "/etc/gshadow": "the system's password hashes",
+    "/etc/sudoers": "who may act as root",
+    "/etc/ssh": "the machine's SSH host keys",
+}
+_ENV_FILE_NAMES = (".env", ".envrc")
+
+
+@dataclass(frozen=True)
+class PathJudgement:
+    """The verdict on one path, with what it resolves to.
+
+    Attributes:
+        verdict: safe, dangerous (ask) or hardline (never).
+        target: the absolute path with every symlink resolved: what a tool must actually open.
+        shown: how the path is shown to the user (`link → target` when a symlink leads elsewhere).
+    """
+
+    verdict: Verdict
+    target: Path
+    shown: str
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    return path == folder or folder in path.parents
+
+
+def _both_forms(path: Path) -> tuple[Path, Path]:
+    """The path as written (normalised) and with its symlinks resolved."""
+    plain = Path(os.path.normpath(path))
+    return plain, Path(os.path.realpath(plain))
+
+
+def _secret_place(target: Path, plain: Path, *, cwd: Path) -> str | None:
+    """What secret `target` (or the path as written) holds, or None when it is not a secret place."""
+    home = Path.home()
+    places = [(home / relative, what) for relative, what in _HOME_SECRETS.items()]
+    places += [(Path(absolute), what) for absolute, what in _SYSTEM_SECRETS.items()]
+    for place, what in places:
+        if any(_inside(form, root) for form in (target, plain) for root in _both_forms(place)):
+            return f"{_tilde(place)}, which holds {what}"
+    for form in (target, plain):
+        if (form.name in _ENV_FILE_NAMES or form.name.startswith(".env.")) and not _inside(form, cwd):
+            return f"{form}, the secrets file (.env) of another project"
+    return None
+
+
+def _tilde(path: Path) -> str:
+    home = Path.home()
+    return f"~/{path.relative_to(home)}" if _inside(path, home) and path != home else str(path)
+
+
+def _free_roots(cwd: Path) -> list[Path]:
+    roots: list[Path] = []
+    if cwd not in (Path("/"), Path.home(), Path(os.path.realpath(Path.home()))):
+        roots.append(cwd)
+    temp = os.environ.get("TMPDIR") or tempfile.gettempdir()
+    roots.extend(_both_forms(Path(temp)))
+    return roots
+
+
+def judge_path(
+    path: str,
+    access: Access,
+    *,
+    home: Path | None,
+    cwd: Path | None = None,
+    protected: Iterable[Path] = (),
+) -> PathJudgement:
+    """Judge a file tool's access to `path`.
+
+    Args:
+        path: the path as the model gave it (absolute, relative to `cwd`, or starting with `~`).
+        access: "read" (read, list, search) or "write" (write, patch).
+        home: the agent's mibyan home; writes there are hardline.
+        cwd: the working directory; the process's own when omitted.
+        protected: more files no tool may write (the modules of the configured hooks).
+    """
+    where = Path(os.path.realpath(cwd if cwd is not None else Path.cwd()))
+    expanded = Path(os.path.expanduser(path))
+    plain = Path(os.path.normpath(where / expanded))
+    target = Path(os.path.realpath(plain))
+    shown = str(target) if target == plain else f"{path} → {target}"
+    return PathJudgement(_verdict(target, plain, access, home, where, protected, path), target, shown)
+
+
+def _verdict(
+    target: Path,
+    plain: Path,
+    access: Access,
+    home: Path | None,
+    cwd: Path,
+    protected: Iterable[Path],
+    given: str,
+) -> Verdict:
+    verb = "reads" if access == "read" else "writes"
+    if access == "write" and home is not None:
+        refused = protected_reason(given, home=home, cwd=cwd, extra=protected)
+        if refused is not None:
+            return Verdict("hardline", refused, "protected_file")
+    if home is not None and access == "read" and target == Path(os.path.realpath(home / "config.yaml")):
+        return Verdict(
+            "dangerous",
+            f"{verb} {target}, mibyan's configuration, which may hold API keys",
+            "secret_read",
+            ask_every_time=True,
+        )
+    secret = _secret_place(target, plain, cwd=cwd)
+    if secret is not None:
+        return Verdict("dangerous", f"{verb} {secret}", f"secret_{access}", ask_every_time=True)
+    if any(_inside(target, root) for root in _free_roots(cwd)):
+        return SAFE
+    return Verdict(
+        "dangerous", f"{verb} {target}, outside the working directory ({cwd})", f"{access}_outside"
+    )
