@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from mibyan.cli.main import EXIT_BUDGET, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 from mibyan.cli.progress import Progress
 from mibyan.cli.prompts import prompt_callbacks
+from mibyan.cli.sanitize import for_stream, visible, visible_json
 
 if TYPE_CHECKING:
     from run_agent import AIAgent
@@ -97,17 +98,17 @@ def _one_shot(agent: AIAgent, prompt: str, args: argparse.Namespace, progress: P
     result = agent.run_conversation(prompt)
     progress.end_answer()
     if args.json:
-        json.dump(_json_result(result), sys.stdout, ensure_ascii=False, indent=2)
-        sys.stdout.write("\n")
+        document = json.dumps(_json_result(result), ensure_ascii=False, indent=2)
+        sys.stdout.write((visible_json(document) if sys.stdout.isatty() else document) + "\n")
     elif not progress.streamed_answer and result["final_response"]:
-        sys.stdout.write(result["final_response"] + "\n")
+        sys.stdout.write(for_stream(sys.stdout, result["final_response"]) + "\n")
     if not args.quiet:
         # so a script can continue the conversation with --resume
         sys.stderr.write(
             f"mibyan: session {agent.session_id} (resume with: mibyan chat --resume {agent.session_id})\n"
         )
     if result["error"]:
-        sys.stderr.write(f"mibyan: {result['error']}\n")
+        sys.stderr.write(f"mibyan: {visible(str(result['error']))}\n")
     elif result["exit_reason"] == "budget_exhausted":
         sys.stderr.write(
             f"mibyan: stopped: the budget of {agent.settings.agent.max_turns} model calls is spent\n"
@@ -150,7 +151,7 @@ def run_chat(args: argparse.Namespace) -> int:
     try:
         session_id = _session_to_resume(args)
     except MibyanError as exc:
-        sys.stderr.write(f"mibyan: {exc}\n")
+        sys.stderr.write(f"mibyan: {visible(str(exc))}\n")
         return EXIT_USAGE
     if prompt is None:
         from mibyan.cli.repl import run_repl
@@ -160,7 +161,7 @@ def run_chat(args: argparse.Namespace) -> int:
     try:
         agent = make_agent(args, progress.callbacks(), session_id=session_id)
     except MibyanError as exc:
-        sys.stderr.write(f"mibyan: {exc}\n")
+        sys.stderr.write(f"mibyan: {visible(str(exc))}\n")
         return EXIT_USAGE
     try:
         return _one_shot(agent, prompt, args, progress)
@@ -169,5 +170,5 @@ def run_chat(args: argparse.Namespace) -> int:
         return EXIT_INTERRUPTED
     except MibyanError as exc:  # the session store failed mid-turn (locked or unwritable database)
         progress.end_answer()
-        sys.stderr.write(f"mibyan: {exc}\n")
+        sys.stderr.write(f"mibyan: {visible(str(exc))}\n")
         return EXIT_ERROR

@@ -6,6 +6,8 @@ import json
 import sys
 from typing import Any
 
+from mibyan.cli.sanitize import for_stream, visible
+
 _ARGS_PREVIEW = 80
 
 
@@ -16,7 +18,8 @@ def preview_arguments(raw: Any) -> str:
         text = ", ".join(f"{k}={v!r}" for k, v in parsed.items()) if isinstance(parsed, dict) else str(raw)
     except (ValueError, TypeError):
         text = str(raw)
-    return text if len(text) <= _ARGS_PREVIEW else text[: _ARGS_PREVIEW - 1] + "…"
+    shown = text if len(text) <= _ARGS_PREVIEW else text[: _ARGS_PREVIEW - 1] + "…"
+    return visible(shown)
 
 
 class Progress:
@@ -40,7 +43,7 @@ class Progress:
     def on_delta(self, text: str) -> None:
         self.streamed_answer = True
         self._mid_line = not text.endswith("\n")
-        sys.stdout.write(text)
+        sys.stdout.write(for_stream(sys.stdout, text))
         sys.stdout.flush()
 
     def end_answer(self) -> None:
@@ -53,7 +56,7 @@ class Progress:
         if self._mid_line:
             # the model said something before calling tools: finish its line first
             self.end_answer()
-        sys.stderr.write(line + "\n")
+        sys.stderr.write(visible(line) + "\n")
         sys.stderr.flush()
 
     def on_tool(self, phase: str, name: str, detail: dict[str, Any]) -> None:

@@ -15,6 +15,8 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
+from mibyan.cli.sanitize import visible
+
 _ANSWERS = {
     "o": "once",
     "once": "once",
@@ -107,19 +109,28 @@ def ask_terminal(question: str) -> str | None:
     return TerminalQuestions().ask(question)
 
 
-def ask_approval(command: str, reason: str, *, read: Callable[[str], str | None] = ask_terminal) -> str:
-    shown = command if len(command) < 400 else command[:400] + "…"
-    answer = read(
-        f"\n  ⚠ This command {reason}:\n      {shown}\n  Run it? [o]nce, [s]ession, [a]lways, [d]eny: "
+def approval_question(command: str, reason: str) -> str:
+    """The approval question: the whole command, on as many lines as it has, each made visible (an
+    escape sequence in it cannot hide a line or rewrite what is shown), then the reason as a sentence."""
+    lines = "".join(f"\n      {visible(line)}" for line in command.split("\n"))
+    because = visible(reason).rstrip(". ")
+    return (
+        f"\n  ⚠ mibyan asks before running this:{lines}\n  This command {because}.\n"
+        "  Run it? [o]nce, [s]ession, [a]lways, [d]eny: "
     )
+
+
+def ask_approval(command: str, reason: str, *, read: Callable[[str], str | None] = ask_terminal) -> str:
+    answer = read(approval_question(command, reason))
     return _ANSWERS.get((answer or "").lower(), "deny")
 
 
 def ask_clarify(
     question: str, choices: list[str] | None, *, read: Callable[[str], str | None] = ask_terminal
 ) -> str:
-    options = "".join(f"\n    {i}. {choice}" for i, choice in enumerate(choices or [], start=1))
-    answer = read(f"\n  ? {question}{options}\n  > ") or ""
+    options = "".join(f"\n    {i}. {visible(choice)}" for i, choice in enumerate(choices or [], start=1))
+    asked = "\n    ".join(visible(line) for line in question.split("\n"))
+    answer = read(f"\n  ? {asked}{options}\n  > ") or ""
     if choices and answer.isdigit() and 1 <= int(answer) <= len(choices):
         return choices[int(answer) - 1]
     return answer

@@ -19,6 +19,7 @@ from rich.text import Text
 
 from mibyan.cli.progress import preview_arguments
 from mibyan.cli.prompts import TerminalQuestions
+from mibyan.cli.sanitize import visible
 
 _REPARSE_EVERY = 0.1
 
@@ -120,19 +121,19 @@ class Renderer:
             now = time.monotonic()
             if now - self._parsed_at >= _REPARSE_EVERY:
                 self._parsed_at = now
-                self._live.update(Markdown("".join(self._answer)))
+                self._live.update(Markdown(visible("".join(self._answer))))
 
     def on_reasoning(self, text: str) -> None:
         if self.show_reasoning and text:
             with self._lock:
                 self._waiting = None
                 self._hide_activity()
-                self.console.print(Text(text, style="dim italic"), end="")
+                self.console.print(Text(visible(text), style="dim italic"), end="")
                 self._mid_reasoning = not text.endswith("\n")
 
     def _close_answer(self) -> None:
         if self._live is not None:
-            self._live.update(Markdown("".join(self._answer)))
+            self._live.update(Markdown(visible("".join(self._answer))))
             self._live.stop()
             self._live = None
         self._parsed_at = 0.0
@@ -199,7 +200,7 @@ class Renderer:
     def on_status(self, kind: str, message: str) -> None:
         if kind not in ("interrupted",):
             with self._lock:
-                self.console.print(Text(f"  · {message}", style="yellow"))
+                self.console.print(Text(f"  · {visible(message)}", style="yellow"))
 
     def end_turn(self, result: dict[str, Any], model: str) -> None:
         with self._lock:
@@ -212,10 +213,10 @@ class Renderer:
             self._close_answer()
             self._end_reasoning()
             if not self._answer and result.get("final_response"):
-                self.console.print(Markdown(result["final_response"]))
+                self.console.print(Markdown(visible(result["final_response"])))
             self._answer = []
         if result.get("error"):
-            self.console.print(Text(f"error: {result['error']}", style="bold red"))
+            self.console.print(Text(f"error: {visible(str(result['error']))}", style="bold red"))
         elif result.get("interrupted"):
             self.console.print(Text("(interrupted)", style="yellow"))
         self.console.print(Text(self.footer(result["usage"], model), style="dim"))

@@ -29,6 +29,7 @@ from prompt_toolkit.key_binding import KeyBindings
 
 from mibyan.cli.commands import COMMANDS, completions, dispatch
 from mibyan.cli.main import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
+from mibyan.cli.sanitize import visible
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -177,6 +178,8 @@ class Repl:
     # -- output -------------------------------------------------------------------------------------
 
     def say(self, text: str, style: str | None = None) -> None:
+        """Show a line; what it quotes (titles, search hits, todos) may come from the model: made visible."""
+        text = visible(text)
         if self._renderer is not None:
             self._renderer.console.print(text, style=style, highlight=False, markup=False)
         else:
@@ -193,7 +196,7 @@ class Repl:
         if answer is not None:
             from rich.markdown import Markdown
 
-            self.renderer.console.print(Markdown(answer["content"]))
+            self.renderer.console.print(Markdown(visible(answer["content"])))
 
     # -- turns ----------------------------------------------------------------------------------------
 
@@ -281,11 +284,11 @@ def run_repl(args: argparse.Namespace, session_id: str | None) -> int:
     try:
         return repl.loop()
     except MibyanError as exc:
-        sys.stderr.write(f"mibyan: {exc}\n")
+        sys.stderr.write(f"mibyan: {visible(str(exc))}\n")
         return EXIT_USAGE
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
     except Exception as exc:  # the last boundary: one line for the person, the details in the log
         logging.getLogger("mibyan.cli").exception("the chat failed")
-        sys.stderr.write(f"mibyan: internal error: {exc} (details in the log)\n")
+        sys.stderr.write(f"mibyan: internal error: {visible(str(exc))} (details in the log)\n")
         return EXIT_ERROR

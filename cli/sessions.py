@@ -3,6 +3,10 @@
 Only the standard library and the store are imported here: no SDK, no pydantic or yaml (configuration
 is not needed to read the store), so these answer at once. `--json` on list, show and search prints
 machine-readable output with stable keys.
+
+Stored text came from the model, its tools and whoever wrote to them: it is printed through `visible`
+(JSON and JSONL through `visible_json`, which keeps the data whole), so no escape sequence in it
+reaches a terminal.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from typing import Any
 from agent_state import SessionStore, fts_query
 from mibyan.agent.errors import MibyanError
 from mibyan.cli.main import EXIT_ERROR, EXIT_OK, EXIT_USAGE
+from mibyan.cli.sanitize import visible, visible_json
 from mibyan.config.paths import mibyan_home
 
 #: The fields of a session in `sessions list --json` and `sessions show --json`.
@@ -46,8 +51,7 @@ class UsageError(MibyanError):
 
 
 def _print_json(value: object) -> None:
-    json.dump(value, sys.stdout, ensure_ascii=False, indent=2)
-    sys.stdout.write("\n")
+    sys.stdout.write(visible_json(json.dumps(value, ensure_ascii=False, indent=2)) + "\n")
 
 
 def _session_json(row: dict[str, Any]) -> dict[str, Any]:
@@ -76,8 +80,10 @@ def _list(store: SessionStore, args: argparse.Namespace) -> int:
         if row["source"] == "subagent":
             title = f"↳ {title}"
         print(
-            f"{row['id']:<12} {age(row['updated_at']):<9} {row['message_count']:>5}  "
-            f"{(row['model'] or '')[:22]:<22} {title}"
+            visible(
+                f"{row['id']:<12} {age(row['updated_at']):<9} {row['message_count']:>5}  "
+                f"{(row['model'] or '')[:22]:<22} {title}"
+            )
         )
     return EXIT_OK
 
@@ -100,12 +106,14 @@ def _show(store: SessionStore, args: argparse.Namespace) -> int:
         _print_json({**_session_json(row), "messages": store.load_messages(session_id)})
         return EXIT_OK
     print(
-        f"session {session_id} · {row.get('title') or '(untitled)'} · {row.get('model')} · "
-        f"{row.get('message_count')} messages"
+        visible(
+            f"session {session_id} · {row.get('title') or '(untitled)'} · {row.get('model')} · "
+            f"{row.get('message_count')} messages"
+        )
     )
     for message in store.load_messages(session_id):
         print()
-        print(_render_message(message))
+        print(visible(_render_message(message)))
     return EXIT_OK
 
 
@@ -127,8 +135,8 @@ def _search(store: SessionStore, args: argparse.Namespace) -> int:
         return EXIT_ERROR
     for hit in hits:
         when = datetime.fromtimestamp(hit["created_at"]).strftime("%Y-%m-%d %H:%M")
-        print(f"{hit['session_id']}  #{hit['seq']:<4} {hit['role']:<9} {when}  {hit['title'] or ''}")
-        print(f"    {hit['snippet']}")
+        print(visible(f"{hit['session_id']}  #{hit['seq']:<4} {hit['role']:<9} {when}  {hit['title'] or ''}"))
+        print(visible(f"    {hit['snippet']}"))
     return EXIT_OK
 
 
@@ -137,12 +145,13 @@ def _export(store: SessionStore, args: argparse.Namespace) -> int:
     messages = store.load_messages(session_id)
     if args.format == "jsonl":
         for message in messages:
-            sys.stdout.write(json.dumps(message, ensure_ascii=False) + "\n")
+            sys.stdout.write(visible_json(json.dumps(message, ensure_ascii=False)) + "\n")
         return EXIT_OK
     row = store.get_session(session_id) or {}
-    sys.stdout.write(f"# {row.get('title') or session_id}\n\n")
+    sys.stdout.write(visible(f"# {row.get('title') or session_id}") + "\n\n")
     for message in messages:
-        sys.stdout.write(f"## {message['role']}\n\n{_render_message(message).split(chr(10), 1)[-1]}\n\n")
+        body = visible(_render_message(message).split(chr(10), 1)[-1])
+        sys.stdout.write(f"## {message['role']}\n\n{body}\n\n")
     return EXIT_OK
 
 
@@ -154,7 +163,7 @@ def _delete(store: SessionStore, args: argparse.Namespace) -> int:
             sys.stderr.write("mibyan: refusing to delete without --yes when not at a terminal\n")
             return EXIT_USAGE
         extra = f" and {len(doomed) - 1} descendant(s)" if len(doomed) > 1 else ""
-        answer = input(f"Delete session {session_id}{extra}? [y/N] ").strip().lower()
+        answer = input(visible(f"Delete session {session_id}{extra}? [y/N] ")).strip().lower()
         if answer not in ("y", "yes"):
             print("kept")
             return EXIT_OK
@@ -184,10 +193,10 @@ def run_sessions(args: argparse.Namespace) -> int:
         store = SessionStore.open(mibyan_home())
         return _ACTIONS[args.action](store, args)
     except UsageError as exc:
-        sys.stderr.write(f"mibyan: error: {exc}\n")
+        sys.stderr.write(f"mibyan: error: {visible(str(exc))}\n")
         return EXIT_USAGE
     except MibyanError as exc:
-        sys.stderr.write(f"mibyan: {exc}\n")
+        sys.stderr.write(f"mibyan: {visible(str(exc))}\n")
         return EXIT_USAGE
 
 
@@ -205,5 +214,5 @@ def run_skills(args: argparse.Namespace) -> int:
         return EXIT_OK
     for skill in skills:
         triggers = f"  (triggers: {', '.join(skill.triggers)})" if skill.triggers else ""
-        print(f"{skill.name}: {skill.description}{triggers}")
+        print(visible(f"{skill.name}: {skill.description}{triggers}"))
     return EXIT_OK

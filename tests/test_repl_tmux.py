@@ -302,3 +302,27 @@ def test_retry_asks_again_and_undo_forgets_the_turn(server: ScriptedServer, chat
     chat.send("/tools", "Enter")
     screen = chat.wait_for("read_file")
     assert "terminal" in screen
+
+
+def test_an_approval_shows_the_escapes_hidden_in_a_command(
+    server: ScriptedServer, chat: Terminal, tmp_path: Path
+) -> None:
+    (tmp_path / "x").mkdir()
+    disguised = "rm -rf ./x # \x1b[1A\x1b[2K\r ... ls -la"
+    server.add(Reply(tool_calls=[("terminal", {"command": disguised})]), Reply(text="Left it alone."))
+    chat.wait_for("›")
+    chat.send("tidy up", "Enter")
+    screen = chat.wait_for("Run it? [o]nce")
+    assert "rm -rf ./x # \\x1b[1A\\x1b[2K\\x0d ... ls -la" in screen
+    chat.send("d", "Enter")
+    chat.wait_for("Left it alone.")
+    assert (tmp_path / "x").is_dir()
+
+
+def test_escape_sequences_in_an_answer_are_shown_not_obeyed(server: ScriptedServer, chat: Terminal) -> None:
+    server.add(Reply(text="before \x1b[2J\x1b[H\x1b]0;pwned\x07 after"))
+    chat.wait_for("›")
+    chat.send("hello", "Enter")
+    screen = chat.wait_for("10 in · 5 out")
+    assert "before \\x1b[2J\\x1b[H\\x1b]0;pwned\\x07 after" in screen
+    assert "hello" in screen  # the screen was not cleared
