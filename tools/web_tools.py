@@ -1,14 +1,24 @@
-"""web_fetch: read a web page as text."""
+"""web_fetch: read a web page as text.
+
+Redirects are followed here, one hop at a time, so that every address is judged by
+`tools.web_policy` before anything is sent to it.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import re
+from collections.abc import Iterator
 from html.parser import HTMLParser
+from typing import Any
 
 from mibyan.agent.errors import ToolError
+from mibyan.tools import context
 from mibyan.tools.registry import tool
+from mibyan.tools.web_policy import checked_addresses
 
 _MAX_BYTES = 2 * 1024 * 1024
+_MAX_REDIRECTS = 5
 _SKIP_TAGS = {"script", "style", "noscript", "svg", "head", "template"}
 _BLOCK_TAGS = {"p", "div", "br", "li", "tr", "h1", "h2", "h3", "h4", "h5", "h6", "section", "article", "pre"}
 
@@ -48,27 +58,34 @@ def html_to_text(html: str) -> str:
 def web_fetch(url: str, timeout: int = 20) -> str:
     """Fetch a web page (http or https) and return its text; HTML is reduced to readable text.
 
+    Addresses on this machine or its private network are refused unless the user allows them.
+
     Args:
         url: the address to fetch, starting with http:// or https://.
         timeout: seconds to wait for the server.
+    """
+    bound = context.current()
+    return fetch_page(url, timeout=timeout, allow_private=bound is not None and bound.allow_private_web)
+
+
+def fetch_page(url: str, *, timeout: float, allow_private: bool, transport: Any = None) -> str:
+    """What web_fetch returns for `url`: the page as text, or a ToolError saying why not.
+
+    Args:
+        url: the address to fetch.
+        timeout: seconds to wait for the server.
+        allow_private: loopback and private addresses may be reached (`web.allow_private`).
+        transport: an httpx2 transport to send through instead of the network (for tests).
     """
     import httpx2
 
     if not url.startswith(("http://", "https://")):
         raise ToolError("only http:// and https:// addresses can be fetched")
     try:
-        with (
-            httpx2.Client(follow_redirects=True, timeout=timeout) as client,
-            client.stream("GET", url) as reply,
-        ):
-            body = bytearray()
-            for chunk in reply.iter_bytes():
-                body += chunk
-                if len(body) > _MAX_BYTES:
-                    break
-            kind = reply.headers.get("content-type", "")
-            status = reply.status_code
-            encoding = reply.encoding or "utf-8"
+        with httpx2.Client(timeout=timeout, transport=transport) as client:
+            final, status, kind, encoding, body = _fetch(client, url, allow_private=allow_private)
+    except httpx2.InvalidURL as exc:
+        raise ToolError(f"cannot fetch {url}: not a valid address ({exc})") from None
     except httpx2.HTTPError as exc:
         raise ToolError(f"cannot fetch {url}: {exc}") from None
     text = bytes(body[:_MAX_BYTES]).decode(encoding, errors="replace")
@@ -77,4 +94,60 @@ def web_fetch(url: str, timeout: int = 20) -> str:
     elif not kind.startswith("text/") and "json" not in kind and "xml" not in kind:
         return f"HTTP {status}: {kind or 'unknown type'}, {len(body)} bytes (not text)"
     cut = " (cut at 2 MB)" if len(body) > _MAX_BYTES else ""
-    return f"HTTP {status} {url}{cut}\n\n{text}"
+    return f"HTTP {status} {final}{cut}\n\n{text}"
+
+
+def _fetch(client: Any, url: str, *, allow_private: bool) -> tuple[str, int, str, str, bytearray]:
+    """GET `url`, following up to _MAX_REDIRECTS redirects, each hop's address judged before it is
+    reached. Returns the final address, status, content type, encoding and body."""
+    import httpx2
+
+    current = httpx2.URL(url)
+    for _ in range(_MAX_REDIRECTS + 1):
+        with _open(client, current, allow_private=allow_private) as reply:
+            location = reply.headers.get("location")
+            if reply.is_redirect and location:
+                following = current.join(location)
+                if following.scheme not in ("http", "https"):
+                    raise ToolError(f"not followed: {current} redirects to {following}, which is not http(s)")
+                current = following
+                continue
+            body = bytearray()
+            for chunk in reply.iter_bytes():
+                body += chunk
+                if len(body) > _MAX_BYTES:
+                    break
+            kind = reply.headers.get("content-type", "")
+            return str(current), reply.status_code, kind, reply.encoding or "utf-8", body
+    raise ToolError(f"cannot fetch {url}: more than {_MAX_REDIRECTS} redirects")
+
+
+@contextlib.contextmanager
+def _open(client: Any, url: Any, *, allow_private: bool) -> Iterator[Any]:
+    """A streamed GET of `url` made to an address `checked_addresses` allowed, not to the name again
+    (the Host header and, for https, the TLS server name and certificate check keep the name)."""
+    import httpx2
+
+    port = url.port or (443 if url.scheme == "https" else 80)
+    name = url.raw_host.decode("ascii")
+    addresses = checked_addresses(name, port, allow_private=allow_private)
+    host_header = url.netloc.decode("ascii").rpartition("@")[2]
+    failure: httpx2.ConnectError | None = None
+    for address in addresses:
+        request = client.build_request(
+            "GET",
+            url.copy_with(host=address),
+            headers={"Host": host_header},
+            extensions={"sni_hostname": name},
+        )
+        try:
+            reply = client.send(request, stream=True)
+        except httpx2.ConnectError as exc:
+            failure = exc
+            continue
+        try:
+            yield reply
+        finally:
+            reply.close()
+        return
+    raise ToolError(f"cannot fetch {url}: {failure}")
