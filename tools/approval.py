@@ -404,7 +404,9 @@ class ApprovalPolicy:
         """
         if reason.startswith(OUTSIDE_SANDBOX_REASON):
             return "deny"
-        return "once" if classify_command(command).key in self._approved else "deny"
+        # the same judgement as the question's, so a file tool's question cannot borrow a command's grant
+        verdict = classify_command(command)
+        return "once" if verdict.key in self._approved and verdict.reason == reason else "deny"
 
     def _ask_user(self, command: str, reason: str) -> Answer:
         if self._ask is None:

@@ -4,7 +4,8 @@ The working directory (the project) and the temp directory are free. Anything el
 or a write there is "dangerous" and goes through the same approval flow as a dangerous shell command,
 so the user sees the path and the reason. Places that hold secrets (SSH and GPG keys, cloud and
 registry credentials, `.env` files of other projects, /etc/shadow) always ask, under a key of their
-own, even with --yolo. Writes to mibyan's own files (`tools.protected`) are hardline in every mode.
+own, even with --yolo. Writes to mibyan's own files (`tools.protected`) are hardline in every mode;
+writes inside a `.git` folder ask, since git runs its hooks and some of its config as commands.
 
 Paths are judged by what they lead to: symlinks are resolved first, so a link inside the project that
 points at ~/.ssh/id_rsa is judged as ~/.ssh/id_rsa. A working directory that is the filesystem root or
@@ -154,6 +155,12 @@ def _verdict(
     secret = _secret_place(target, plain, cwd=cwd)
     if secret is not None:
         return Verdict("dangerous", f"{verb} {secret}", f"secret_{access}", ask_every_time=True)
+    if access == "write" and ".git" in target.parts:
+        return Verdict(
+            "dangerous",
+            f"writes {target}, inside a .git folder, whose hooks and config run commands when you use git",
+            "write_git",
+        )
     if any(_inside(target, root) for root in _free_roots(cwd)):
         return SAFE
     return Verdict(
