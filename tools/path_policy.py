@@ -14,6 +14,7 @@ the home folder frees nothing, since it would free the whole machine or every do
 
 from __future__ import annotations
 
+import functools
 import os
 import tempfile
 from collections.abc import Iterable
@@ -69,7 +70,10 @@ class PathJudgement:
 
 
 def _inside(path: Path, folder: Path) -> bool:
-    return path == folder or folder in path.parents
+    """`path` is `folder` or lies under it (both absolute and normalised); compared as text, since
+    `Path.parents` made judging ~20 places per call cost a millisecond."""
+    inner, outer = str(path), str(folder)
+    return inner == outer or inner.startswith(outer.rstrip("/") + "/")
 
 
 def _both_forms(path: Path) -> tuple[Path, Path]:
@@ -78,13 +82,20 @@ def _both_forms(path: Path) -> tuple[Path, Path]:
     return plain, Path(os.path.realpath(plain))
 
 
-def _secret_place(target: Path, plain: Path, *, cwd: Path) -> str | None:
-    """What secret `target` (or the path as written) holds, or None when it is not a secret place."""
-    home = Path.home()
+@functools.lru_cache(maxsize=8)
+def _secret_roots(home: Path) -> tuple[tuple[Path, tuple[Path, Path], str], ...]:
+    """Each secret place, in both its forms, with what it holds. Cached per home: resolving ~20 places
+    on every judgement made a search over a large tree slow, and the places do not move during a run
+    (no tool can create a link in their stead: the file tools write no links, the sandbox no home)."""
     places = [(home / relative, what) for relative, what in _HOME_SECRETS.items()]
     places += [(Path(absolute), what) for absolute, what in _SYSTEM_SECRETS.items()]
-    for place, what in places:
-        if any(_inside(form, root) for form in (target, plain) for root in _both_forms(place)):
+    return tuple((place, _both_forms(place), what) for place, what in places)
+
+
+def _secret_place(target: Path, plain: Path, *, cwd: Path) -> str | None:
+    """What secret `target` (or the path as written) holds, or None when it is not a secret place."""
+    for place, roots, what in _secret_roots(Path.home()):
+        if any(_inside(form, root) for form in (target, plain) for root in roots):
             return f"{_tilde(place)}, which holds {what}"
     for form in (target, plain):
         if (form.name in _ENV_FILE_NAMES or form.name.startswith(".env.")) and not _inside(form, cwd):
