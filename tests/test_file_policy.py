@@ -236,6 +236,8 @@ def test_a_link_leading_outside_asks_before_its_target_is_written(
         "/etc/shadow",
         "/etc/ssh/ssh_host_ed25519_key",
         "./link-to-ssh/id_rsa",
+        "/proc/self/environ",
+        "/proc/1/mem",
     ],
 )
 def test_every_spelling_of_a_secret_place_asks_under_its_own_key(spelling: str, project: Path) -> None:

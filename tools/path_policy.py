@@ -97,6 +97,8 @@ def _secret_place(target: Path, plain: Path, *, cwd: Path) -> str | None:
     for place, roots, what in _secret_roots(Path.home()):
         if any(_inside(form, root) for form in (target, plain) for root in roots):
             return f"{_tilde(place)}, which holds {what}"
+    if target.parts[:2] == ("/", "proc") and target.name in ("environ", "mem"):
+        return f"{target}, the memory or environment of a process, which may hold API keys"
     for form in (target, plain):
         if (form.name in _ENV_FILE_NAMES or form.name.startswith(".env.")) and not _inside(form, cwd):
             return f"{form}, the secrets file (.env) of another project"
