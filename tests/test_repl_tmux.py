@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 import shutil
@@ -326,3 +327,25 @@ def test_escape_sequences_in_an_answer_are_shown_not_obeyed(server: ScriptedServ
     screen = chat.wait_for("10 in · 5 out")
     assert "before \\x1b[2J\\x1b[H\\x1b]0;pwned\\x07 after" in screen
     assert "hello" in screen  # the screen was not cleared
+
+
+def test_a_file_outside_the_project_is_asked_for_by_name(
+    server: ScriptedServer, home: Path, tmp_path: Path
+) -> None:
+    user = tmp_path / "user"
+    (user / ".ssh").mkdir(parents=True)
+    (user / ".ssh" / "id_rsa").write_text("secret-material")
+    server.add(Reply(tool_calls=[("read_file", {"path": "~/.ssh/id_rsa"})]), Reply(text="Did not read it."))
+    env = {"MIBYAN_HOME": str(home), "PYTHONPATH": str(ROOT), "TERM": "xterm-256color", "HOME": str(user)}
+    terminal = Terminal([sys.executable, "-m", "mibyan.cli.main", "chat", "--base-url", server.base_url], env)
+    try:
+        terminal.wait_for("›")
+        terminal.send("show my key", "Enter")
+        screen = terminal.wait_for("Run it? [o]nce")
+        assert f"read_file {user}/.ssh/id_rsa" in screen.replace("\n", "")
+        assert "This command reads ~/.ssh, which holds SSH keys." in screen
+        terminal.send("d", "Enter")
+        terminal.wait_for("Did not read it.")
+    finally:
+        terminal.close()
+    assert "secret-material" not in json.dumps(server.requests[-1].body)

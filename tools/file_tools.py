@@ -39,9 +39,28 @@ def _policy(access: Access) -> Callable[[dict[str, Any]], Verdict]:
     return verdict
 
 
+_SHOWN_LINES = 12
+
+
+def _excerpt(text: str, mark: str) -> list[str]:
+    lines = text.split("\n")
+    shown = [f"{mark}{line}" for line in lines[:_SHOWN_LINES]]
+    if len(lines) > _SHOWN_LINES:
+        shown.append(f"… {len(lines) - _SHOWN_LINES} more lines")
+    return shown
+
+
 def _subject(name: str, access: Access) -> Callable[[dict[str, Any]], str]:
+    """The approval question's subject: the tool and the resolved path, and for a write what it writes
+    (the first lines of the content, or the lines a patch takes out and puts in)."""
+
     def subject(args: dict[str, Any]) -> str:
-        return f"{name} {_judge(str(args.get('path') or '.'), access).shown}"
+        lines = [f"{name} {_judge(str(args.get('path') or '.'), access).shown}"]
+        if isinstance(args.get("content"), str):
+            lines += _excerpt(args["content"], "  ")
+        if isinstance(args.get("old"), str) and isinstance(args.get("new"), str):
+            lines += _excerpt(args["old"], "- ") + _excerpt(args["new"], "+ ")
+        return "\n".join(lines)
 
     return subject
 
