@@ -140,7 +140,7 @@ class Renderer:
 
     def on_tool(self, phase: str, name: str, detail: dict[str, Any]) -> None:
         """One line per tool call: a spinner while it runs, then its status and duration."""
-        label = f"{name}({preview_arguments(detail.get('arguments'))})"
+        label = f"{visible(name)}({preview_arguments(detail.get('arguments'))})"
         with self._lock:
             index = next((i for i, (running, _) in enumerate(self._running) if running == label), None)
             if not self._in_turn or (phase != "start" and index is None):

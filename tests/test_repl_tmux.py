@@ -321,11 +321,15 @@ def test_an_approval_shows_the_escapes_hidden_in_a_command(
 
 
 def test_escape_sequences_in_an_answer_are_shown_not_obeyed(server: ScriptedServer, chat: Terminal) -> None:
-    server.add(Reply(text="before \x1b[2J\x1b[H\x1b]0;pwned\x07 after"))
+    server.add(
+        Reply(tool_calls=[("\x1b[2Jno_such_tool", {})]),
+        Reply(text="before \x1b[2J\x1b[H\x1b]0;pwned\x07 after [bold red]plain[/bold red]"),
+    )
     chat.wait_for("›")
     chat.send("hello", "Enter")
-    screen = chat.wait_for("10 in · 5 out")
-    assert "before \\x1b[2J\\x1b[H\\x1b]0;pwned\\x07 after" in screen
+    screen = chat.wait_for("20 in · 10 out")
+    assert "✗ \\x1b[2Jno_such_tool()" in screen
+    assert "before \\x1b[2J\\x1b[H\\x1b]0;pwned\\x07 after [bold red]plain[/bold red]" in screen
     assert "hello" in screen  # the screen was not cleared
 
 
