@@ -307,3 +307,16 @@ def test_a_subagent_cannot_borrow_a_command_grant_for_a_secret(
     listing = next(m["content"] for m in child["messages"] if m["role"] == "tool")
     assert not (project / "a").exists()
     assert listing.startswith("denied by user") and "id_rsa" not in listing
+
+
+def test_a_path_with_a_nul_byte_is_an_error_for_the_model(
+    server: ScriptedServer, make_agent, project: Path
+) -> None:
+    server.add(
+        Reply(
+            tool_calls=[("read_file", {"path": "a\x00b"}), ("write_file", {"path": "x\x00", "content": "1"})]
+        ),
+        Reply(text="ok"),
+    )
+    result = make_agent().run_conversation("go")
+    assert result["completed"] and results(result) == ["error: a path cannot contain a NUL character"] * 2

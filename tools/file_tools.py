@@ -27,6 +27,9 @@ from mibyan.tools.safe_write import atomic_write
 
 
 def _judge(path: str, access: Access) -> PathJudgement:
+    path = str(path)  # the model may send a number where the schema says string
+    if "\x00" in path:
+        raise ToolError("a path cannot contain a NUL character")
     bound = context.current()
     home = bound.home if bound is not None and bound.home is not None else mibyan_home()
     return judge_path(path, access, home=home, protected=bound.protected if bound is not None else ())
