@@ -130,6 +130,8 @@ def _open(client: Any, url: Any, *, allow_private: bool) -> Iterator[Any]:
 
     port = url.port or (443 if url.scheme == "https" else 80)
     name = url.raw_host.decode("ascii")
+    if not name:
+        raise ToolError(f"cannot fetch {url}: the address names no host")
     addresses = checked_addresses(name, port, allow_private=allow_private)
     host_header = url.netloc.decode("ascii").rpartition("@")[2]
     failure: httpx2.ConnectError | None = None
