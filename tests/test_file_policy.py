@@ -258,6 +258,15 @@ def test_every_write_into_mibyans_own_files_is_hardline(spelling: str, project: 
     assert judge_path(path, "write", home=mibyan_home).verdict.tier == "hardline"
 
 
+def test_a_link_and_dot_dot_are_judged_where_the_os_takes_them(project: Path) -> None:
+    mibyan_home = project.parent / "mibyan-home"
+    mibyan_home.mkdir()
+    (project / "away").symlink_to(project.parent / "user")  # away/.. is project.parent, not project
+    judged = judge_path("away/../mibyan-home/config.yaml", "write", home=mibyan_home)
+    assert judged.target == mibyan_home / "config.yaml" and judged.verdict.tier == "hardline"
+    assert judge_path("away/../notes.txt", "read", home=mibyan_home).verdict.key == "read_outside"
+
+
 def test_a_working_directory_that_is_the_home_frees_nothing(
     project: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

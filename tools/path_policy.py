@@ -139,7 +139,9 @@ def judge_path(
     where = Path(os.path.realpath(cwd if cwd is not None else Path.cwd()))
     expanded = Path(os.path.expanduser(path))
     plain = Path(os.path.normpath(where / expanded))
-    target = Path(os.path.realpath(plain))
+    # realpath resolves each link before a following "..", as the OS does; normpath (for `plain`, the
+    # path as written) does not, so the two can differ: both are judged
+    target = Path(os.path.realpath(where / expanded))
     shown = str(target) if target == plain else f"{path} → {target}"
     return PathJudgement(_verdict(target, plain, access, home, where, protected, path), target, shown)
 
@@ -155,9 +157,11 @@ def _verdict(
 ) -> Verdict:
     verb = "reads" if access == "read" else "writes"
     if access == "write" and home is not None:
-        refused = protected_reason(given, home=home, cwd=cwd, extra=protected)
-        if refused is not None:
-            return Verdict("hardline", refused, "protected_file")
+        # both: the file this policy will have the tool open, and the path as the OS would resolve it
+        for form in (str(target), given):
+            refused = protected_reason(form, home=home, cwd=cwd, extra=protected)
+            if refused is not None:
+                return Verdict("hardline", refused, "protected_file")
     if home is not None and access == "read" and target == Path(os.path.realpath(home / "config.yaml")):
         return Verdict(
             "dangerous",
