@@ -353,3 +353,15 @@ def test_a_file_outside_the_project_is_asked_for_by_name(
     finally:
         terminal.close()
     assert "secret-material" not in json.dumps(server.requests[-1].body)
+
+
+def test_a_one_shot_answer_on_a_terminal_shows_its_escapes(server: ScriptedServer, home: Path) -> None:
+    server.add(Reply(text="visible \x1b[2J\x1b]0;pwned\x07 end"))
+    env = {"MIBYAN_HOME": str(home), "PYTHONPATH": str(ROOT), "TERM": "xterm-256color"}
+    command = [sys.executable, "-m", "mibyan.cli.main", "chat", "-q", "hi", "--base-url", server.base_url]
+    terminal = Terminal(command, env)
+    try:
+        screen = terminal.wait_for("EXIT=0")
+    finally:
+        terminal.close()
+    assert "visible \\x1b[2J\\x1b]0;pwned\\x07 end" in screen
