@@ -165,3 +165,18 @@ def test_redirects_stop_after_five_hops(site: Site) -> None:
     with pytest.raises(ToolError, match="more than 5 redirects"):
         fetch_page(f"http://127.0.0.1:{site.port}/0", timeout=5, allow_private=True)
     assert len(site.seen) == 6
+
+
+def test_the_request_goes_to_the_checked_address_and_keeps_the_name() -> None:
+    sent: list[httpx2.Request] = []
+
+    def record(request: httpx2.Request) -> httpx2.Response:
+        sent.append(request)
+        return httpx2.Response(200, text="fine", headers={"Content-Type": "text/plain"})
+
+    page = fetch_page(
+        "http://localhost:8080/x", timeout=5, allow_private=True, transport=httpx2.MockTransport(record)
+    )
+    assert page.startswith("HTTP 200 http://localhost:8080/x")
+    assert sent[0].url.host == "127.0.0.1" and sent[0].headers["Host"] == "localhost:8080"
+    assert sent[0].extensions["sni_hostname"] == "localhost"
