@@ -178,5 +178,5 @@ def test_the_request_goes_to_the_checked_address_and_keeps_the_name() -> None:
         "http://localhost:8080/x", timeout=5, allow_private=True, transport=httpx2.MockTransport(record)
     )
     assert page.startswith("HTTP 200 http://localhost:8080/x")
-    assert sent[0].url.host == "127.0.0.1" and sent[0].headers["Host"] == "localhost:8080"
+    assert sent[0].url.host in ("127.0.0.1", "::1") and sent[0].headers["Host"] == "localhost:8080"
     assert sent[0].extensions["sni_hostname"] == "localhost"
