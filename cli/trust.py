@@ -14,6 +14,7 @@ from pathlib import Path
 
 from mibyan.agent.errors import MibyanError
 from mibyan.cli.main import EXIT_ERROR, EXIT_OK, EXIT_USAGE
+from mibyan.cli.sanitize import visible
 from mibyan.config.paths import mibyan_home
 from mibyan.config.trust import (
     digest,
@@ -23,7 +24,6 @@ from mibyan.config.trust import (
     project_config_path,
     split_untrusted,
     trust_folder,
-    visible,
 )
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from mibyan.agent.errors import ConfigError
+from mibyan.cli.sanitize import visible  # the one output sanitiser; the notice is shown on a terminal
 from mibyan.config.paths import write_private
 
 TRUST_FILE = "trusted.json"
@@ -240,11 +241,6 @@ _SECTIONS: dict[str, _Opener] = {
     "auxiliary": _open_auxiliary,
     "fallback_providers": _known_references,
 }
-
-
-def visible(text: str) -> str:
-    """`text` with control characters shown as escapes, so a hostile path cannot drive the terminal."""
-    return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text)
 
 
 def untrusted_notice(path: Path, folder: str, state: TrustState, ignored: list[str]) -> str:
