@@ -74,6 +74,9 @@ def test_sessions_commands_never_print_a_raw_escape(server: ScriptedServer, make
         ("search", "hello"),
         ("export", agent.session_id),
         ("export", agent.session_id, "--format", "md"),
+        ("list", "--json"),
+        ("show", agent.session_id, "--json"),
+        ("search", "hello", "--json"),
     ):
         done = run_cli("sessions", *args, home=home)
         assert done.returncode == 0, done.stderr
@@ -81,6 +84,8 @@ def test_sessions_commands_never_print_a_raw_escape(server: ScriptedServer, make
         assert "\\x1b" in done.stdout or "\\u001b" in done.stdout, args
     exported = run_cli("sessions", "export", agent.session_id, home=home).stdout.splitlines()
     assert [json.loads(line)["content"] for line in exported][-1] == HOSTILE
+    shown = json.loads(run_cli("sessions", "show", agent.session_id, "--json", home=home).stdout)
+    assert shown["messages"][-1]["content"] == HOSTILE and shown["title"] == "title \x1b[2J\u202e"
 
 
 def test_a_one_shot_answer_to_a_pipe_keeps_its_bytes_and_errors_are_made_visible(
