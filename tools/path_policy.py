@@ -5,7 +5,8 @@ or a write there is "dangerous" and goes through the same approval flow as a dan
 so the user sees the path and the reason. Places that hold secrets (SSH and GPG keys, cloud and
 registry credentials, `.env` files of other projects, /etc/shadow) always ask, under a key of their
 own, even with --yolo. Writes to mibyan's own files (`tools.protected`) are hardline in every mode;
-writes inside a `.git` folder ask, since git runs its hooks and some of its config as commands.
+writes to shell start-up files (and /etc) and inside a `.git` folder ask under keys of their own,
+since what they hold runs later by itself (git runs its hooks and some of its config as commands).
 
 Paths are judged by what they lead to: symlinks are resolved first, so a link inside the project that
 points at ~/.ssh/id_rsa is judged as ~/.ssh/id_rsa. A working directory that is the filesystem root or
@@ -52,6 +53,26 @@ _SYSTEM_SECRETS: dict[str, str] = {
     "/etc/ssh": "the machine's SSH host keys",
 }
 _ENV_FILE_NAMES = (".env", ".envrc")
+#: Under the home folder: files and folders whose content runs by itself later (a new shell, a login).
+_HOME_STARTUP = (
+    ".bashrc",
+    ".bash_profile",
+    ".bash_login",
+    ".bash_logout",
+    ".profile",
+    ".zshrc",
+    ".zshenv",
+    ".zprofile",
+    ".zlogin",
+    ".xprofile",
+    ".xinitrc",
+    ".pam_environment",
+    ".config/fish",
+    ".config/autostart",
+    ".config/systemd",
+    ".config/environment.d",
+    ".local/bin",
+)
 
 
 @dataclass(frozen=True)
@@ -103,6 +124,12 @@ def _secret_place(target: Path, plain: Path, *, cwd: Path) -> str | None:
         if (form.name in _ENV_FILE_NAMES or form.name.startswith(".env.")) and not _inside(form, cwd):
             return f"{form}, the secrets file (.env) of another project"
     return None
+
+
+def _starts_by_itself(target: Path, plain: Path) -> bool:
+    home = Path.home()
+    roots = [home / name for name in _HOME_STARTUP] + [Path("/etc")]
+    return any(_inside(form, root) for form in (target, plain) for root in roots)
 
 
 def _tilde(path: Path) -> str:
@@ -172,6 +199,12 @@ def _verdict(
     secret = _secret_place(target, plain, cwd=cwd)
     if secret is not None:
         return Verdict("dangerous", f"{verb} {secret}", f"secret_{access}", ask_every_time=True)
+    if access == "write" and _starts_by_itself(target, plain):
+        return Verdict(
+            "dangerous",
+            f"writes {target}, which runs by itself when you open a shell or log in",
+            "write_startup",
+        )
     if access == "write" and ".git" in target.parts:
         return Verdict(
             "dangerous",
