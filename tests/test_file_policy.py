@@ -257,6 +257,7 @@ def test_a_link_leading_outside_asks_before_its_target_is_written(
         "/etc/shadow",
         "/etc/ssh/ssh_host_ed25519_key",
         "./link-to-ssh/id_rsa",
+        "~/.bash_history",
         "/proc/self/environ",
         "/proc/1/mem",
     ],

@@ -45,6 +45,10 @@ _HOME_SECRETS: dict[str, str] = {
     ".pypirc": "PyPI tokens",
     ".password-store": "passwords",
     ".local/share/keyrings": "passwords",
+    ".bash_history": "your shell history, where typed passwords end up",
+    ".zsh_history": "your shell history, where typed passwords end up",
+    ".psql_history": "database history, where typed passwords end up",
+    ".mysql_history": "database history, where typed passwords end up",
 }
 _SYSTEM_SECRETS: dict[str, str] = {
     "/etc/shadow": "the system's password hashes",
