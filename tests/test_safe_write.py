@@ -53,3 +53,9 @@ def test_a_link_planted_at_the_old_temp_name_is_not_followed(tmp_path: Path) -> 
 def test_writing_onto_a_folder_is_an_error_for_the_model(tmp_path: Path) -> None:
     (tmp_path / "d").mkdir()
     assert call("write_file", {"path": "d", "content": "x"}).startswith("error: d is a directory")
+
+
+def test_a_pipe_or_device_is_not_replaced_by_a_file(tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "pipe")
+    assert "not a regular file" in call("write_file", {"path": "pipe", "content": "x"})
+    assert stat.S_ISFIFO((tmp_path / "pipe").stat().st_mode)

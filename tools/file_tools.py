@@ -145,6 +145,8 @@ def write_file(path: str, content: str) -> str:
     target = _resolve(path, "write")
     if target.is_dir():
         raise ToolError(f"{path} is a directory")
+    if target.exists() and not target.is_file():
+        raise ToolError(f"{path} is not a regular file (a device, socket or pipe); it is left alone")
     atomic_write(target, content.encode("utf-8"))
     return f"wrote {len(content.encode())} bytes to {path}"
 
