@@ -108,6 +108,8 @@ def read_file(path: str, offset: int = 1, limit: int = 2000) -> str:
         raise ToolError(f"{path} is a directory; use list_directory")
     if not target.exists():
         raise ToolError(f"no such file: {path}")
+    if not target.is_file():  # a pipe would block the read until the tool times out
+        raise ToolError(f"{path} is not a regular file (a device, socket or pipe)")
     size = target.stat().st_size
     if _looks_binary(target):
         return f"{path} is a binary file ({size} bytes); it cannot be shown as text"
