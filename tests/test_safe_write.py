@@ -60,3 +60,5 @@ def test_a_pipe_or_device_is_not_replaced_by_a_file(tmp_path: Path) -> None:
     assert "not a regular file" in call("write_file", {"path": "pipe", "content": "x"})
     assert stat.S_ISFIFO((tmp_path / "pipe").stat().st_mode)
     assert "not a regular file" in call("read_file", {"path": "pipe"})  # and reading it does not block
+    (tmp_path / "a.txt").write_text("needle\n")
+    assert call("search_files", {"pattern": "needle"}).endswith("a.txt:1:needle")
