@@ -1,4 +1,4 @@
-"""write_file and patch replace files safely: modes kept, links kept, planted links not followed."""
+"""write_file and patch replace files safely: modes kept, links kept, planted links and pipes left alone."""
 
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ def test_writing_onto_a_folder_is_an_error_for_the_model(tmp_path: Path) -> None
     assert call("write_file", {"path": "d", "content": "x"}).startswith("error: d is a directory")
 
 
-def test_a_pipe_or_device_is_not_replaced_by_a_file(tmp_path: Path) -> None:
+def test_a_pipe_is_not_replaced_read_or_searched(tmp_path: Path) -> None:
     os.mkfifo(tmp_path / "pipe")
     assert "not a regular file" in call("write_file", {"path": "pipe", "content": "x"})
     assert stat.S_ISFIFO((tmp_path / "pipe").stat().st_mode)

@@ -240,9 +240,7 @@ def _search_with_ripgrep(pattern: str, root: str, glob: str | None, cap: int) ->
 def _off_limits(file: Path) -> bool:
     """A file a search walks past without opening: a link (as ripgrep does), a pipe or device (which
     could block the search), or a place of secrets."""
-    return (
-        file.is_symlink() or not file.is_file() or _judge(str(file), "read").verdict.key == "secret_read"
-    )
+    return file.is_symlink() or not file.is_file() or _judge(str(file), "read").verdict.key == "secret_read"
 
 
 def _capped(lines: list[str], cap: int) -> str:
