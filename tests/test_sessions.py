@@ -128,12 +128,11 @@ def test_a_corrupt_database_is_one_clear_error_and_left_untouched(home: Path) ->
 
 
 def test_kill_during_a_tool_round_then_resume(server: ScriptedServer, home: Path, tmp_path: Path) -> None:
-    fifo = tmp_path / "never-written"
-    os.mkfifo(fifo)  # reading it blocks forever: a tool that hangs
     server.add(
         Reply(
             text="Let me read it.",
-            tool_calls=[("read_file", {"path": str(fifo)}), ("list_directory", {"path": str(tmp_path)})],
+            # a tool that hangs (read_file refuses a pipe at once, so it cannot be the one)
+            tool_calls=[("terminal", {"command": "sleep 10"}), ("list_directory", {"path": str(tmp_path)})],
         )
     )
     env = {**os.environ, "MIBYAN_HOME": str(home), "PYTHONPATH": str(ROOT)}
