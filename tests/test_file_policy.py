@@ -51,7 +51,9 @@ def sent_to_model(server: ScriptedServer) -> str:
 def test_an_ssh_key_is_not_read_without_approval(server: ScriptedServer, make_agent, project: Path) -> None:
     server.add(Reply(tool_calls=[("read_file", {"path": "~/.ssh/id_rsa"})]), Reply(text="ok"))
     result = make_agent().run_conversation("show me the key")
-    assert results(result)[0].startswith("refused: nobody could be asked to approve it (no terminal; run")
+    assert results(result)[0].startswith(
+        "not run: it reads ~/.ssh, which holds SSH keys; the user must say yes"
+    )
     assert "secret-material" not in sent_to_model(server)
 
 

@@ -376,10 +376,9 @@ class ApprovalPolicy:
             if verdict.key in self._approved and not verdict.ask_every_time:
                 return True, "approved earlier"
             if self._ask is None:
-                way = "run interactively" if verdict.always_ask else "use --yolo or run interactively"
                 return False, (
-                    f"refused: nobody could be asked to approve it (no terminal; {way}) — the command "
-                    f"was not run ({verdict.reason})"
+                    "refused: nobody could be asked to approve it (no terminal; use --yolo or run "
+                    f"interactively) — the command was not run ({verdict.reason})"
                 )
             answer = self._ask_user(command, verdict.reason)
             if verdict.ask_every_time and answer != "deny":
