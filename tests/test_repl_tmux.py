@@ -286,7 +286,8 @@ def test_a_denied_command_does_not_run(server: ScriptedServer, chat: Terminal, t
 def test_a_broken_config_ends_the_chat_at_once_with_one_line(start_chat: StartChat, home: Path) -> None:
     (home / "config.yaml").write_text("agent:\n  colour: blue\n")
     screen = start_chat().wait_for("EXIT=")
-    assert "agent.colour: unknown key" in screen
+    # -J joins what tmux wrapped, but a line printed while the prompt redraws can still break at the edge
+    assert "agent.colour:unknownkey" in "".join(screen.split())
     assert "EXIT=2" in screen and "Traceback" not in screen
 
 
