@@ -15,6 +15,7 @@ mended by `repair_history`, which adds what is missing and reports everything it
 
 from __future__ import annotations
 
+import re
 from collections import deque
 from typing import Any, Protocol
 
@@ -25,6 +26,18 @@ Message = dict[str, Any]
 INTERRUPTED_RESULT = "interrupted: no result"
 _NO_REPLY = "(no reply: the turn was interrupted before an answer)"
 _CONTINUE = "(continue)"
+
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+REPLACEMENT_CHARACTER = "\ufffd"
+
+
+def replace_invalid_text(text: str) -> tuple[str, int]:
+    """`text` with every lone surrogate (a byte that was not UTF-8, kept by `surrogateescape`) as U+FFFD.
+
+    Returns the text and how many characters were replaced: one per undecodable byte.
+    """
+    return _LONE_SURROGATE.subn(REPLACEMENT_CHARACTER, text)
 
 
 class HistoryError(MibyanError):
@@ -210,6 +223,9 @@ class History:
         both are closed with synthetic messages first, so nothing the user said is lost or merged.
         """
         notes: list[str] = []
+        content, replaced = replace_invalid_text(content)
+        if replaced:
+            notes.append(f"replaced {replaced} characters of the prompt that were not valid text")
         for call_id in list(self._expected):  # the common case, closed by appends rather than a rewrite
             self.append(tool_message(call_id, INTERRUPTED_RESULT))
             notes.append(f"added the missing result of tool call {call_id}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 from types import FrameType
@@ -26,7 +27,14 @@ _EXIT_CODES = {
 
 
 def _read_prompt(query: str) -> str | None:
-    text = sys.stdin.read() if query == "-" else query
+    """The prompt of -q: its argument, or stdin for '-'. Bytes that are not UTF-8 become U+FFFD (said once)."""
+    raw = sys.stdin.buffer.read() if query == "-" else os.fsencode(query)
+    from mibyan.agent.messages import replace_invalid_text
+
+    text, replaced = replace_invalid_text(raw.decode("utf-8", errors="surrogateescape"))
+    if replaced:
+        what = "1 byte was" if replaced == 1 else f"{replaced} bytes were"
+        sys.stderr.write(f"mibyan: the prompt was not valid UTF-8; {what} replaced\n")
     return text.strip() or None
 
 

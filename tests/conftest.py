@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -64,21 +64,33 @@ def make_agent(server: ScriptedServer, home: Path) -> Callable[..., Any]:
 def run_cli(
     *args: str,
     home: Path,
-    stdin: str | None = None,
+    stdin: str | bytes | None = None,
     env: dict[str, str] | None = None,
     timeout: float = 60,
     cwd: Path | None = None,
+    preexec_fn: Callable[[], None] | None = None,
+    wrapper: Sequence[str] = (),
 ) -> subprocess.CompletedProcess[str]:
-    """Run the real `mibyan` entry point in a subprocess."""
+    """Run the real `mibyan` entry point in a subprocess.
+
+    `stdin` may be bytes (passed as they are); `preexec_fn` runs in the child before it starts (resource
+    limits); `wrapper` is a command the entry point runs under (bwrap, for a read-only home).
+    """
     environment = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY")}
     environment.update({"MIBYAN_HOME": str(home), "PYTHONPATH": str(ROOT)})
     environment.update(env or {})
-    return subprocess.run(
-        [sys.executable, "-m", "mibyan.cli.main", *args],
-        input=stdin,
+    done = subprocess.run(
+        [*wrapper, sys.executable, "-m", "mibyan.cli.main", *args],
+        input=stdin.encode() if isinstance(stdin, str) else stdin,
         capture_output=True,
-        text=True,
         env=environment,
         timeout=timeout,
         cwd=cwd,
+        preexec_fn=preexec_fn,
     )
+    return subprocess.CompletedProcess(done.args, done.returncode, _text(done.stdout), _text(done.stderr))
+
+
+def _text(data: bytes) -> str:
+    """What text mode would have read (universal newlines), without failing on bytes that are not UTF-8."""
+    return data.decode("utf-8", errors="replace").replace("\r\n", "\n").replace("\r", "\n")
