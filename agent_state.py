@@ -9,6 +9,7 @@ An FTS5 index, kept in sync by triggers, makes every word ever said searchable w
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 import re
@@ -207,6 +208,14 @@ def fts_query(text: str) -> str:
     return " ".join(quoted)
 
 
+def _insert_session(db: sqlite3.Connection, session_id: str, meta: dict[str, Any]) -> None:
+    now = time.time()
+    columns = ["id", "created_at", "updated_at", *meta]
+    values = [session_id, now, now, *(_masked(v) if k == "system_prompt" else v for k, v in meta.items())]
+    placeholders = ", ".join("?" * len(columns))
+    db.execute(f"INSERT OR IGNORE INTO sessions ({', '.join(columns)}) VALUES ({placeholders})", values)
+
+
 class SessionStore:
     """The session database. Thread-safe; several processes may use one file at once.
 
@@ -214,20 +223,12 @@ class SessionStore:
         StoreError: the file is corrupt, not a database, or cannot be opened; it is never overwritten.
     """
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, read_only: bool = False) -> None:
         self.path = path
+        self.read_only = read_only
         self._lock = threading.RLock()
-        private_dir(path.parent)
         try:
-            if not path.exists():
-                os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
-            self._db = sqlite3.connect(path, timeout=5.0, check_same_thread=False, isolation_level=None)
-            self._db.row_factory = sqlite3.Row
-            self._db.execute("PRAGMA busy_timeout = 5000")
-            self._db.execute("PRAGMA synchronous = NORMAL")
-            self._db.execute("PRAGMA foreign_keys = ON")
-            self._retry_while_locked(self._enable_wal)
-            self._migrate()
+            self._db = self._connect_read_only() if read_only else self._connect()
         except sqlite3.DatabaseError as exc:
             raise StoreError(
                 f"{path}: cannot use the session database ({exc}); it was left untouched"
@@ -235,10 +236,54 @@ class SessionStore:
         except OSError as exc:
             raise StoreError(f"{path}: cannot open the session database ({exc.strerror or exc})") from None
 
+    def _connect(self) -> sqlite3.Connection:
+        private_dir(self.path.parent)
+        if not self.path.exists():
+            os.close(os.open(self.path, os.O_CREAT | os.O_WRONLY, 0o600))
+        self._db = sqlite3.connect(self.path, timeout=5.0, check_same_thread=False, isolation_level=None)
+        self._db.row_factory = sqlite3.Row
+        self._db.execute("PRAGMA busy_timeout = 5000")
+        self._db.execute("PRAGMA synchronous = NORMAL")
+        self._db.execute("PRAGMA foreign_keys = ON")
+        self._retry_while_locked(self._enable_wal)
+        self._migrate()
+        return self._db
+
+    def _connect_read_only(self) -> sqlite3.Connection:
+        """Open for reading only (a home that cannot be written): nothing is created, migrated or changed.
+
+        A WAL database needs its -shm file to be read; where none can be created (a read-only file
+        system), the file is opened as immutable, which is safe because nothing can write it either.
+        """
+        if not self.path.is_file():
+            raise StoreError(f"{self.path}: there is no session database yet, and the home is read-only")
+        last: sqlite3.DatabaseError | None = None
+        for options in ("mode=ro", "immutable=1"):
+            uri = f"{self.path.resolve().as_uri()}?{options}"
+            db = sqlite3.connect(uri, uri=True, timeout=5.0, check_same_thread=False, isolation_level=None)
+            db.row_factory = sqlite3.Row
+            try:
+                db.execute("SELECT count(*) FROM sessions").fetchone()
+                return db
+            except sqlite3.DatabaseError as exc:
+                db.close()
+                last = exc
+        assert last is not None
+        raise last
+
     @classmethod
     def open(cls, home: Path) -> SessionStore:
         private_dir(home)
         return cls(home / "state.db")
+
+    @classmethod
+    def open_for_reading(cls, home: Path) -> SessionStore:
+        """The store for commands that only read: read-only when the home or the database is not writable."""
+        path = home / "state.db"
+        writable = os.access(home, os.W_OK) and (not path.exists() or os.access(path, os.W_OK))
+        if writable:
+            return cls.open(home)
+        return cls(path, read_only=True)
 
     def close(self) -> None:
         with self._lock:
@@ -273,19 +318,42 @@ class SessionStore:
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
-        """BEGIN IMMEDIATE with retries and jitter while another process holds the write lock."""
+        """BEGIN IMMEDIATE with retries and jitter while another process holds the write lock.
+
+        Whatever fails inside (or at COMMIT: a full disk, an I/O error) rolls the whole transaction back
+        and is one StoreError: nothing is ever written half.
+        """
         with self._lock:
             try:
                 # The busy timeout waits 5 s per attempt; a few attempts give a clear error, not a hang.
                 self._retry_while_locked(lambda: self._db.execute("BEGIN IMMEDIATE"), attempts=3)
-            except sqlite3.OperationalError as exc:
-                raise StoreError(f"{self.path}: {exc}") from None
+            except sqlite3.DatabaseError as exc:
+                raise StoreError(self._write_failure(exc)) from None
             try:
                 yield self._db
+                self._db.execute("COMMIT")
+            except sqlite3.DatabaseError as exc:
+                self._rollback()
+                raise StoreError(self._write_failure(exc)) from None
             except BaseException:
-                self._db.execute("ROLLBACK")
+                self._rollback()
                 raise
-            self._db.execute("COMMIT")
+
+    def _rollback(self) -> None:
+        if not self._db.in_transaction:
+            return  # SQLite already rolled back (it does on some I/O errors)
+        try:
+            self._db.execute("ROLLBACK")
+        except sqlite3.DatabaseError as exc:  # the original failure is what the user needs to see
+            logging.getLogger("mibyan.store").warning("rollback failed: %s", exc)
+
+    def _write_failure(self, exc: sqlite3.DatabaseError) -> str:
+        text = str(exc)
+        if isinstance(exc, sqlite3.OperationalError) and ("disk" in text or "I/O" in text):
+            return f"{self.path}: cannot save: the disk is full or not writable ({text}); nothing was saved"
+        if "readonly" in text or self.read_only:
+            return f"{self.path}: cannot save: the database is read-only ({text})"
+        return f"{self.path}: {text}"
 
     def _query(self, sql: str, params: tuple[Any, ...] = ()) -> list[sqlite3.Row]:
         with self._lock:
@@ -299,14 +367,8 @@ class SessionStore:
     def create_session(self, session_id: str, **meta: Any) -> None:
         """Create a session row (idempotent). meta: parent_id, title, source, model, provider, api_mode,
         system_prompt, cwd."""
-        now = time.time()
-        columns = ["id", "created_at", "updated_at", *meta]
-        values = [session_id, now, now, *(_masked(v) if k == "system_prompt" else v for k, v in meta.items())]
         with self._transaction() as db:
-            placeholders = ", ".join("?" * len(columns))
-            db.execute(
-                f"INSERT OR IGNORE INTO sessions ({', '.join(columns)}) VALUES ({placeholders})", values
-            )
+            _insert_session(db, session_id, meta)
 
     def get_session(self, session_id: str) -> dict[str, Any] | None:
         rows = self._query("SELECT * FROM sessions WHERE id = ?", (session_id,))
@@ -457,10 +519,18 @@ class SessionStore:
 
     # -- messages ---------------------------------------------------------------------------------
 
-    def append_message(self, session_id: str, message: Message) -> None:
-        """Insert one final message and bump the session's counters, in one transaction."""
+    def append_message(
+        self, session_id: str, message: Message, *, create: dict[str, Any] | None = None
+    ) -> None:
+        """Insert one final message and bump the session's counters, in one transaction.
+
+        With `create` (the session's metadata), the session row is created in that same transaction, so
+        a session never exists without the message that started it.
+        """
         now = time.time()
         with self._transaction() as db:
+            if create is not None:
+                _insert_session(db, session_id, create)
             row = db.execute("SELECT message_count FROM sessions WHERE id = ?", (session_id,)).fetchone()
             if row is None:
                 raise StoreError(f"no session {session_id!r}")
@@ -470,10 +540,14 @@ class SessionStore:
                 (now, session_id),
             )
 
-    def replace_messages(self, session_id: str, messages: list[Message]) -> None:
-        """Rewrite a session's messages (only for a repaired or adopted history)."""
+    def replace_messages(
+        self, session_id: str, messages: list[Message], *, create: dict[str, Any] | None = None
+    ) -> None:
+        """Rewrite a session's messages (only for a repaired or adopted history); `create` as above."""
         now = time.time()
         with self._transaction() as db:
+            if create is not None:
+                _insert_session(db, session_id, create)
             db.execute("DELETE FROM messages WHERE session_id = ?", (session_id,))
             db.executemany(
                 _INSERT_MESSAGE, [_message_values(session_id, i, m, now) for i, m in enumerate(messages)]
@@ -530,22 +604,23 @@ class SessionSink:
         self._meta = meta
         self._created = store.get_session(session_id) is not None
 
-    def _ensure_session(self, first: Message | None) -> None:
+    def _creation(self, first: Message | None) -> dict[str, Any] | None:
+        """The new session's row, to create with its first write; None once it exists."""
         if self._created:
-            return
+            return None
         meta = self._meta()
         if first is not None and first.get("role") == "user" and isinstance(first.get("content"), str):
             meta.setdefault("title", title_from(first["content"]))
-        self.store.create_session(self.session_id, **meta)
-        self._created = True
+        return meta
 
     def append_message(self, message: Message) -> None:
-        self._ensure_session(message)
-        self.store.append_message(self.session_id, message)
+        self.store.append_message(self.session_id, message, create=self._creation(message))
+        self._created = True
 
     def replace_messages(self, messages: list[Message]) -> None:
-        self._ensure_session(next((m for m in messages if m.get("role") == "user"), None))
-        self.store.replace_messages(self.session_id, messages)
+        first = next((m for m in messages if m.get("role") == "user"), None)
+        self.store.replace_messages(self.session_id, messages, create=self._creation(first))
+        self._created = True
 
 
 def title_from(text: str, width: int = 60) -> str:

@@ -172,36 +172,41 @@ class History:
                 return
 
     def append(self, message: Message) -> None:
-        """Append one message, enforcing the rules, and persist it."""
+        """Append one message, enforcing the rules, and persist it.
+
+        The message is stored before it joins the history: when storing fails, the history is as it was.
+        """
+        expected = deque(self._expected)
         role = message.get("role")
         if role == "tool":
-            if not self._expected or message.get("tool_call_id") != self._expected[0]:
+            if not expected or message.get("tool_call_id") != expected[0]:
                 raise HistoryError(
                     f"tool result {message.get('tool_call_id')!r} does not answer the next pending call"
                 )
-            self._expected.popleft()
+            expected.popleft()
         elif role in ("user", "assistant"):
-            if self._expected:
-                raise HistoryError(f"{role} message while tool calls {list(self._expected)} have no result")
+            if expected:
+                raise HistoryError(f"{role} message while tool calls {list(expected)} have no result")
             if self._messages and self._messages[-1].get("role") == role:
                 raise HistoryError(f"two {role} messages in a row")
             if role == "assistant" and not self._messages:
                 raise HistoryError("a history cannot start with an assistant message")
-            self._expected.extend(tool_call_ids(message))
+            expected.extend(tool_call_ids(message))
         else:
             raise HistoryError(f"unknown role {role!r}")
-        self._messages.append(message)
         if self._sink is not None:
             self._sink.append_message(message)
+        self._expected = expected
+        self._messages.append(message)
 
     def repair(self) -> list[str]:
         """Mend a history that breaks the rules, persist the mended one, and say what changed."""
         fixed, notes = repair_history(self._messages)
         if notes:
-            self._messages = fixed
-            self._recount_expected()
             if self._sink is not None:
                 self._sink.replace_messages(fixed)
+            self._messages = fixed
+            self._recount_expected()
         return notes
 
     def undo_last_turn(self) -> str | None:
@@ -209,10 +214,10 @@ class History:
         for index in range(len(self._messages) - 1, -1, -1):
             if self._messages[index].get("role") == "user":
                 said = self._messages[index].get("content")
+                if self._sink is not None:
+                    self._sink.replace_messages(self._messages[:index])
                 self._messages = self._messages[:index]
                 self._recount_expected()
-                if self._sink is not None:
-                    self._sink.replace_messages(self._messages)
                 return said if isinstance(said, str) else None
         return None
 

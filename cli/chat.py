@@ -27,7 +27,7 @@ _EXIT_CODES = {
 
 
 def _read_prompt(query: str) -> str | None:
-    """The prompt of -q: its argument, or stdin for '-'. Bytes that are not UTF-8 become U+FFFD (said once)."""
+    """The prompt of -q: its argument, or stdin for '-'; bytes that are not UTF-8 become U+FFFD."""
     raw = sys.stdin.buffer.read() if query == "-" else os.fsencode(query)
     from mibyan.agent.messages import replace_invalid_text
 
@@ -55,6 +55,15 @@ def _session_to_resume(args: argparse.Namespace) -> str | None:
         return latest
     finally:
         store.close()
+
+
+def _prepare_home() -> None:
+    """The home exists, is writable and private before the chat writes to it (a note if it was not)."""
+    from mibyan.config.paths import mibyan_home, prepare_home
+
+    tightened = prepare_home(mibyan_home())
+    if tightened:
+        sys.stderr.write(f"mibyan: made {', '.join(tightened)} private, so only you can read your sessions\n")
 
 
 def make_agent(
@@ -154,6 +163,11 @@ def run_chat(args: argparse.Namespace) -> int:
         if prompt is None:
             sys.stderr.write("mibyan: error: the prompt is empty\n")
             return EXIT_USAGE
+    try:
+        _prepare_home()
+    except MibyanError as exc:
+        sys.stderr.write(f"mibyan: {exc}\n")
+        return EXIT_ERROR
     # No background import of the SDK: imports hold the GIL, so a second importing thread only adds
     # contention; measured with bench/run.py, one-shot start-up was about 8% faster without it.
     try:

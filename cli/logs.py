@@ -25,6 +25,14 @@ class RedactSecrets(logging.Filter):
         return True
 
 
+class _LogFile(logging.FileHandler):
+    """The log file; a record that cannot be written (a full disk) is dropped, never a traceback."""
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        # The log is a diagnostic aid: losing a line is better than breaking the terminal with a traceback.
+        return
+
+
 def setup_logging(home: Path) -> None:
     """Send mibyan's warnings and errors to its log file instead of the terminal (once per process)."""
     root = logging.getLogger("mibyan")
@@ -35,7 +43,7 @@ def setup_logging(home: Path) -> None:
     path = folder / "mibyan.log"
     if not path.exists():
         os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
-    handler = logging.FileHandler(path, encoding="utf-8")
+    handler = _LogFile(path, encoding="utf-8")
     handler.set_name(_HANDLER_NAME)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     handler.addFilter(RedactSecrets())

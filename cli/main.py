@@ -179,6 +179,11 @@ def _show_warning(
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `mibyan` console script."""
+    import signal
+
+    if hasattr(signal, "SIGXFSZ"):
+        # Past a file-size limit, a write must fail (EFBIG: one clear error), not kill the process.
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     parser = build_parser()
     args = parser.parse_args(argv)
     warnings.showwarning = _show_warning

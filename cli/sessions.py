@@ -190,7 +190,9 @@ _ACTIONS = {
 
 def run_sessions(args: argparse.Namespace) -> int:
     try:
-        store = SessionStore.open(mibyan_home())
+        home = mibyan_home()
+        reading = args.action in ("list", "show", "search", "export")
+        store = SessionStore.open_for_reading(home) if reading else SessionStore.open(home)
         return _ACTIONS[args.action](store, args)
     except UsageError as exc:
         sys.stderr.write(f"mibyan: error: {visible(str(exc))}\n")

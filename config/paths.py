@@ -3,8 +3,15 @@
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Mapping
 from pathlib import Path
+
+from mibyan.agent.errors import MibyanError
+
+
+class HomeError(MibyanError):
+    """The mibyan home cannot be created or written."""
 
 
 def mibyan_home(env: Mapping[str, str] | None = None) -> Path:
@@ -50,3 +57,42 @@ def write_private(path: Path, data: bytes) -> None:
     except BaseException:
         temporary.unlink(missing_ok=True)
         raise
+
+
+def _tighten(path: Path, private_mode: int) -> str | None:
+    """Make `path` private (`private_mode`) if others may read it; say what was done, or None."""
+    try:
+        mode = stat.S_IMODE(path.stat().st_mode)
+    except FileNotFoundError:
+        return None
+    if not mode & 0o077:
+        return None
+    try:
+        path.chmod(private_mode)
+    except OSError:  # not ours to change (another owner): leave it, and claim nothing
+        return None
+    return f"{path} ({mode:04o} → {private_mode:04o})"
+
+
+def prepare_home(home: Path) -> list[str]:
+    """Make sure the home exists, is private and can be written, before a chat writes to it.
+
+    Returns what was made private (a home or database others could read), for the caller to say once.
+
+    Raises:
+        HomeError: the home cannot be created or is not writable (a read-only file system, say).
+    """
+    hint = "make it writable, or point MIBYAN_HOME at a folder you can write"
+    try:
+        private_dir(home)
+    except OSError as exc:
+        raise HomeError(f"{home}: cannot create the mibyan home ({exc.strerror or exc}); {hint}") from None
+    if not os.access(home, os.W_OK):
+        why = "on a read-only file system" if _read_only_file_system(home) else "not writable"
+        raise HomeError(f"{home}: the mibyan home is {why}; {hint}")
+    tightened = [_tighten(home, 0o700), _tighten(home / "state.db", 0o600)]
+    return [note for note in tightened if note]
+
+
+def _read_only_file_system(path: Path) -> bool:
+    return bool(os.statvfs(path).f_flag & os.ST_RDONLY)

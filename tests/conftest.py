@@ -28,7 +28,7 @@ def server() -> Iterator[ScriptedServer]:
 @pytest.fixture
 def home(tmp_path: Path) -> Path:
     path = tmp_path / "home"
-    path.mkdir()
+    path.mkdir(mode=0o700)
     (path / "config.yaml").write_text("agent:\n  api_max_retries: 0\n")
     return path
 

@@ -33,7 +33,9 @@ def test_random_bytes_on_stdin_are_answered_with_a_note_on_stderr(server: Script
     assert REPLACEMENT in sent
 
 
-def test_an_argument_with_invalid_bytes_names_how_many_were_replaced(server: ScriptedServer, home: Path) -> None:
+def test_an_argument_with_invalid_bytes_names_how_many_were_replaced(
+    server: ScriptedServer, home: Path
+) -> None:
     server.add(Reply(text="ok"))
     prompt = os.fsdecode(b"hello \xff\xfe world")
     done = run_cli("chat", "-q", prompt, "--base-url", server.base_url, home=home)

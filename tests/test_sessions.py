@@ -118,6 +118,7 @@ def test_model_can_search_past_sessions(server: ScriptedServer, make_agent) -> N
 def test_a_corrupt_database_is_one_clear_error_and_left_untouched(home: Path) -> None:
     garbage = b"this is not a database" * 100
     (home / "state.db").write_bytes(garbage)
+    (home / "state.db").chmod(0o600)
 
     done = run_cli("chat", "-q", "hi", "--base-url", "http://127.0.0.1:9/v1", home=home)
 
