@@ -1,9 +1,11 @@
 """The default context engine: prune old tool outputs, then summarize the middle of the conversation.
 
 What is kept intact: the first user message (the task) and the newest `compression.protect_last_n`
-messages (the boundary moves back so a tool call is never cut from its results). What goes: first the
-bulk of old tool outputs; if that is not enough, the middle is summarized by the auxiliary model with a
-structured prompt. If summarizing fails, a deterministic summary says plainly that details were dropped.
+messages (the boundary moves back so a tool call is never cut from its results), fewer when those alone
+would not fit. What goes: first the bulk of old tool outputs; if that is not enough, the middle is
+summarized by the auxiliary model with a structured prompt; if the result is still too big, the longest
+texts and tool arguments are cut (their beginning and end kept, the pairing of calls untouched).
+If summarizing fails, a deterministic summary says plainly that details were dropped.
 The result always obeys the message rules. The summary also lists facts worth keeping beyond the
 session; the agent stores them (the memory flush) before the summarized messages leave the context.
 """
@@ -14,12 +16,15 @@ import re
 
 from mibyan.agent.adapters.base import ToolSchema
 from mibyan.agent.context_engine import CompressionResult, ContextEngine
-from mibyan.agent.messages import Message, assistant_message, user_message
+from mibyan.agent.messages import Message, assistant_message, shorten_message, user_message
 
 _PRUNE_ABOVE = 600  # characters: tool outputs longer than this are pruned first
 _RESULT_IN_PROMPT = 1500
 _PROMPT_LIMIT = 120_000
 _TARGET_SHARE = 0.6  # after compressing, aim for this share of the threshold
+_TAIL_SHARE = 0.8  # the protected tail may take this much of the room left; the rest is for the summary
+_CUT_FLOOR = 400  # characters: no message is cut shorter than this
+_PROMPT_SHARE_OF_WINDOW = 2.0  # the summarizer's excerpt: at most half the window (4 characters a token)
 
 SUMMARY_SYSTEM = (
     "You compress the middle of a conversation between a user and a software agent so the agent can go "
@@ -56,7 +61,7 @@ def facts_in(summary: str) -> list[str]:
     ]
 
 
-def render_excerpt(messages: list[Message]) -> str:
+def render_excerpt(messages: list[Message], limit: int = _PROMPT_LIMIT) -> str:
     lines: list[str] = []
     for message in messages:
         role = message["role"]
@@ -71,9 +76,9 @@ def render_excerpt(messages: list[Message]) -> str:
         for call in message.get("tool_calls") or ():
             lines.append(f"ASSISTANT CALLED {call['function']['name']}({call['function'].get('arguments')})")
     excerpt = "\n\n".join(lines)
-    if len(excerpt) > _PROMPT_LIMIT:
-        half = _PROMPT_LIMIT // 2
-        left_out = len(excerpt) - _PROMPT_LIMIT
+    if len(excerpt) > limit:
+        half = limit // 2
+        left_out = len(excerpt) - limit
         excerpt = f"{excerpt[:half]}\n\n[… {left_out} characters left out …]\n\n{excerpt[-half:]}"
     return excerpt
 
@@ -95,37 +100,82 @@ def fallback_summary(messages: list[Message]) -> str:
 
 
 class ContextCompressor(ContextEngine):
-    """Prune, then summarize; never break a history."""
+    """Prune, then summarize, then cut what is still too big; never break a history."""
 
     def should_compress(
         self, messages: list[Message], *, system_prompt: str, tools: list[ToolSchema], threshold: float
     ) -> bool:
         return self.estimator.estimate(messages, system_prompt, tools) > threshold * self.window
 
-    def _tail_start(self, messages: list[Message]) -> int:
-        start = max(1, len(messages) - self.settings.compression.protect_last_n)
+    @staticmethod
+    def _tail_start(messages: list[Message], protect: int) -> int:
+        start = max(1, len(messages) - protect)
         while start > 1 and messages[start]["role"] == "tool":
             start -= 1
         return start
+
+    def _target(self, before: int, reason: str) -> float:
+        target = self.settings.compression.threshold * self.window * _TARGET_SHARE
+        if reason == "overflow":
+            # The provider refused a request we thought fitted: its window is smaller than we know.
+            target = min(target, before * 0.5)
+        return target
+
+    def _fitting_tail(
+        self, messages: list[Message], system_prompt: str, tools: list[ToolSchema], target: float
+    ) -> int:
+        """Where the protected tail starts: the newest `protect_last_n` messages, or fewer when those alone
+        would not leave room for the task and the summary (halving down to the last message)."""
+        fixed = self.estimator.estimate([], system_prompt, tools)  # sent whatever the history holds
+        room = (target - fixed) * _TAIL_SHARE
+        protect = self.settings.compression.protect_last_n
+        while True:
+            tail = self._tail_start(messages, protect)
+            if protect <= 1 or self.estimator.estimate([messages[0], *messages[tail:]]) <= room:
+                return tail
+            protect //= 2
 
     def compress(
         self, messages: list[Message], *, system_prompt: str, tools: list[ToolSchema], reason: str
     ) -> CompressionResult | None:
         before = self.estimator.estimate(messages, system_prompt, tools)
-        target = self.settings.compression.threshold * self.window * _TARGET_SHARE
-        tail = self._tail_start(messages)
-        if tail <= 1:
-            return None
+        target = self._target(before, reason)
+        tail = self._fitting_tail(messages, system_prompt, tools, target)
         pruned, count = self._prune(messages, tail)
         after = self.estimator.estimate(pruned, system_prompt, tools)
         # On request, or after the provider said the request was too long, pruning alone is not trusted.
         if after <= target and reason not in ("manual", "overflow"):
             return CompressionResult(pruned, before, after, summarized=0, pruned=count)
-        middle = pruned[1:tail]
+        summarized, failed, facts = 0, False, list[str]()
+        compressed = pruned
+        if tail > 1:
+            compressed, failed, facts = self._summarize_middle(pruned, tail)
+            summarized = tail - 1
+        compressed, cut = self._cut_to_fit(compressed, system_prompt, tools, target)
+        if not summarized and not cut and not count:
+            return None
+        after = self.estimator.estimate(compressed, system_prompt, tools)
+        return CompressionResult(
+            compressed,
+            before,
+            after,
+            summarized=summarized,
+            pruned=0 if summarized else count,
+            summary_failed=failed,
+            facts=facts,
+            cut=cut,
+        )
+
+    def _summarize_middle(self, messages: list[Message], tail: int) -> tuple[list[Message], bool, list[str]]:
+        """The first message, a summary of those before `tail`, then the tail; whether the summary failed;
+        the facts it lists."""
+        middle = messages[1:tail]
         failed = False
+        limit = min(_PROMPT_LIMIT, int(self.window * _PROMPT_SHARE_OF_WINDOW))
         try:
             summary = self.summarize(
-                SUMMARY_SYSTEM, SUMMARY_PROMPT.format(count=len(middle), excerpt=render_excerpt(middle))
+                SUMMARY_SYSTEM,
+                SUMMARY_PROMPT.format(count=len(middle), excerpt=render_excerpt(middle, limit=limit)),
             )
         except Exception:  # the summarizer is a side task: its failure must not break the history
             summary, failed = fallback_summary(middle), True
@@ -136,16 +186,25 @@ class ContextCompressor(ContextEngine):
         if messages[tail]["role"] == "assistant":
             compressed.append(user_message(_AFTER_SUMMARY))
         compressed.extend(messages[tail:])
-        after = self.estimator.estimate(compressed, system_prompt, tools)
-        return CompressionResult(
-            compressed,
-            before,
-            after,
-            summarized=len(middle),
-            pruned=0,
-            summary_failed=failed,
-            facts=[] if failed else facts_in(summary),
+        return compressed, failed, [] if failed else facts_in(summary)
+
+    def _cut_to_fit(
+        self, messages: list[Message], system_prompt: str, tools: list[ToolSchema], target: float
+    ) -> tuple[list[Message], int]:
+        """Shorten the longest texts and arguments (halving a cap) until the history fits `target` or
+        every message is down to a few hundred characters; returns how many messages were cut."""
+        longest = max((len(str(m.get("content") or "")) for m in messages), default=0)
+        longest = max(
+            [longest]
+            + [len(c["function"].get("arguments") or "") for m in messages for c in m.get("tool_calls") or ()]
         )
+        cap = longest
+        shortened = messages
+        while cap > _CUT_FLOOR and self.estimator.estimate(shortened, system_prompt, tools) > target:
+            cap = max(_CUT_FLOOR, cap // 2)
+            shortened = [shorten_message(m, cap) for m in messages]
+        cut = sum(1 for old, new in zip(messages, shortened, strict=True) if old is not new)
+        return shortened, cut
 
     @staticmethod
     def _prune(messages: list[Message], tail: int) -> tuple[list[Message], int]:

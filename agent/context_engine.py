@@ -31,6 +31,7 @@ class CompressionResult:
     pruned: int
     summary_failed: bool = False
     facts: list[str] = field(default_factory=list)  # to store before the summarized messages leave
+    cut: int = 0  # messages whose text or arguments were cut to fit
 
     def describe(self) -> str:
         parts = [f"{self.tokens_before:,} → {self.tokens_after:,} tokens"]
@@ -38,6 +39,8 @@ class CompressionResult:
             parts.append(f"summarized {self.summarized} messages")
         if self.pruned:
             parts.append(f"pruned {self.pruned} old tool outputs")
+        if self.cut:
+            parts.append(f"cut {self.cut} oversized messages")
         if self.facts:
             parts.append(f"kept {len(self.facts)} facts in memory")
         if self.summary_failed:

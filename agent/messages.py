@@ -15,6 +15,7 @@ mended by `repair_history`, which adds what is missing and reports everything it
 
 from __future__ import annotations
 
+import json
 import re
 from collections import deque
 from typing import Any, Protocol
@@ -78,6 +79,39 @@ def tool_message(tool_call_id: str, content: str, *, name: str | None = None) ->
     if name:
         message["name"] = name
     return message
+
+
+def shorten_message(message: Message, max_chars: int) -> Message:
+    """A copy of `message` whose text and tool-call arguments are at most about `max_chars` long.
+
+    Text keeps its beginning and its end around a note of how much was cut; arguments too long to keep
+    become a small valid JSON object saying so. Roles, ids and the pairing of calls with results are
+    untouched, so a shortened history obeys the same rules. A message already short enough is returned
+    as it is.
+    """
+    content = message.get("content")
+    calls = message.get("tool_calls") or []
+    long_text = isinstance(content, str) and len(content) > max_chars
+    long_calls = any(len(call["function"].get("arguments") or "") > max_chars for call in calls)
+    if not long_text and not long_calls:
+        return message
+    shortened = dict(message)
+    if long_text:
+        assert isinstance(content, str)
+        keep = max(max_chars // 2 - 40, 0)
+        note = f"\n[… {len(content) - 2 * keep} characters cut to fit the context window …]\n"
+        shortened["content"] = content[:keep] + note + content[len(content) - keep :]
+    if long_calls:
+        shortened["tool_calls"] = [_shorten_call(call, max_chars) for call in calls]
+    return shortened
+
+
+def _shorten_call(call: dict[str, Any], max_chars: int) -> dict[str, Any]:
+    arguments = call["function"].get("arguments") or ""
+    if len(arguments) <= max_chars:
+        return call
+    note = json.dumps({"note": f"{len(arguments)} characters of arguments cut to fit the context window"})
+    return {**call, "function": {**call["function"], "arguments": note}}
 
 
 def tool_call_ids(message: Message) -> list[str]:

@@ -150,7 +150,7 @@ class ApiErrorMixin:
     _failed_providers: dict[tuple[str, str], float]
 
     _call_model_once: Callable[[TurnState, PreparedRequest], NormalizedResponse]
-    _recover_from_overflow: Callable[[TurnState, ProviderError], bool]
+    _recover_from_overflow: Callable[[TurnState, ProviderError], ProviderError | None]
 
     def _call_with_retries(
         self, turn: TurnState, request: PreparedRequest
@@ -185,10 +185,11 @@ class ApiErrorMixin:
                 return Interrupted()
             except Exception as exc:  # the classification boundary: every failure gets a reason
                 error = classify_error(exc)
-            if error.reason == "context_overflow" and self._recover_from_overflow(turn, error):
-                request = dataclasses.replace(
-                    request, messages=turn.history.messages
-                )  # the compressed history
+            if error.reason == "context_overflow":
+                unrecoverable = self._recover_from_overflow(turn, error)
+                if unrecoverable is not None:
+                    return Failed(unrecoverable)
+                request = dataclasses.replace(request, messages=turn.history.messages)  # the compressed one
                 continue
             if error.reason == "auth" and not refreshed:
                 refreshed = True

@@ -1,7 +1,8 @@
 """Compression in the turn: preflight, on a context-overflow error, between turns, and on request.
 
-A context-overflow error is not retried as is: the history is compressed and the call retried once;
-still too large is one clear error. Every compression ends the session (end_reason "compressed") and
+A context-overflow error is not retried as is: the history is compressed (each time harder: less
+protected, more cut) and the call retried, a few times at most; when nothing fits, the error says
+plainly what the user can do. Every compression ends the session (end_reason "compressed") and
 continues in a child session whose parent_id is the old one, so the parent's messages stay searchable
 and resuming the parent lands in the child.
 """
@@ -19,6 +20,13 @@ from mibyan.agent.context_engine import ContextEngine
 from mibyan.agent.errors import ProviderError
 from mibyan.agent.messages import History, MessageSink, repair_history
 from mibyan.agent.turn_state import TurnState
+
+_OVERFLOW_RECOVERIES = 3
+_NOTHING_FITS = (
+    "The conversation does not fit the model's context window even after compression: start a new "
+    "session (/new in the chat, or 'mibyan chat' without --resume), or, if the model has a bigger window "
+    "than mibyan assumes, set model.context_window in config.yaml"
+)
 
 
 class OverflowMixin:
@@ -55,12 +63,13 @@ class OverflowMixin:
         ):
             self._compress(turn, reason=reason)
 
-    def _recover_from_overflow(self, turn: TurnState, error: ProviderError) -> bool:
-        """Compress so the retry fits; False when that is not possible (the turn fails)."""
-        if self._context_engine is None or turn.overflow_retried:
-            return False
-        turn.overflow_retried = True
-        return self._compress(turn, reason="overflow") is not None
+    def _recover_from_overflow(self, turn: TurnState, error: ProviderError) -> ProviderError | None:
+        """Compress so the retry fits: None to retry, else the error to end the turn with."""
+        if self._context_engine is not None and turn.overflow_recoveries < _OVERFLOW_RECOVERIES:
+            turn.overflow_recoveries += 1
+            if self._compress(turn, reason="overflow") is not None:
+                return None
+        return ProviderError(f"{error}. {_NOTHING_FITS}", reason="context_overflow", status=error.status)
 
     def _compress(self, turn: TurnState | None, *, reason: str) -> str | None:
         engine = self._context_engine

@@ -26,7 +26,7 @@ class TurnState:
     exit_reason: ExitReason = "completed"
     error: str | None = None
     tool_failures: dict[str, int] = field(default_factory=dict)
-    overflow_retried: bool = False
+    overflow_recoveries: int = 0
     empty_replies: int = 0
     request_estimate: float = 0.0
     message_layers: list[str] = field(default_factory=list)
