@@ -65,13 +65,65 @@ class Callbacks:
             return None
 
 
-class StreamRelay:
-    """Passes stream events to the callbacks until the call is abandoned."""
+class ShownText:
+    """What the stream callbacks already showed of one reply, kept across the retries of its call.
 
-    def __init__(self, callbacks: Callbacks, signal: InterruptSignal) -> None:
+    A retry after a dropped stream starts the reply again. While its text repeats what is shown, nothing
+    is passed on; once it goes further, only the new part is. A retry that says something else cannot be
+    taken back from the screen: `restart` tells the display to start over, then the new text is shown
+    whole.
+    """
+
+    def __init__(self) -> None:
+        self.text = ""
+
+    def attempt(self) -> _Attempt:
+        return _Attempt(self)
+
+
+class _Attempt:
+    """One attempt's view of the shown text: how far it has repeated it."""
+
+    def __init__(self, shown: ShownText) -> None:
+        self._shown = shown
+        self._position = 0
+        self._caught_up = False
+
+    def new_part(self, delta: str) -> tuple[str, bool]:
+        """The part of `delta` not yet shown, and whether the display must start over first."""
+        if self._caught_up:
+            self._shown.text += delta
+            return delta, False
+        shown = self._shown.text
+        overlap = shown[self._position : self._position + len(delta)]
+        if delta.startswith(overlap):
+            self._position += len(delta)
+            if self._position < len(shown):
+                return "", False  # all of it is on the screen already
+            self._caught_up = True
+            fresh = delta[len(overlap) :]
+            self._shown.text += fresh
+            return fresh, False
+        self._caught_up = True
+        self._shown.text = shown[: self._position] + delta
+        return self._shown.text, True
+
+
+class StreamRelay:
+    """Passes stream events to the callbacks until the call is abandoned, never repeating shown text."""
+
+    def __init__(
+        self,
+        callbacks: Callbacks,
+        signal: InterruptSignal,
+        shown_text: ShownText | None = None,
+        shown_reasoning: ShownText | None = None,
+    ) -> None:
         self._callbacks = callbacks
         self._signal = signal
         self._thinking = False
+        self._text = (shown_text or ShownText()).attempt()
+        self._reasoning = (shown_reasoning or ShownText()).attempt()
 
     def start(self) -> None:
         self._thinking = True
@@ -83,13 +135,25 @@ class StreamRelay:
             self._callbacks.emit("thinking_callback", False)
 
     def on_text(self, delta: str) -> None:
-        if not self._signal.is_set():
+        if self._signal.is_set():
+            return
+        fresh, restart = self._text.new_part(delta)
+        if restart:
+            self._callbacks.emit(
+                "status_callback",
+                "stream_restart",
+                "the retried answer differs: it is shown again from the start",
+            )
+        if fresh:
             self.stop()
-            self._callbacks.emit("stream_delta_callback", delta)
+            self._callbacks.emit("stream_delta_callback", fresh)
 
     def on_reasoning(self, delta: str) -> None:
-        if not self._signal.is_set():
-            self._callbacks.emit("reasoning_callback", delta)
+        if self._signal.is_set():
+            return
+        fresh, _ = self._reasoning.new_part(delta)
+        if fresh:
+            self._callbacks.emit("reasoning_callback", fresh)
 
     def on_tool_call(self, name: str) -> None:
         if not self._signal.is_set():

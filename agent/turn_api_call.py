@@ -64,7 +64,7 @@ class ApiCallMixin:
         client = self._sdk_client()
         sdk = client[0]
         handle = CallHandle()
-        relay = StreamRelay(self.callbacks, self._signal)
+        relay = StreamRelay(self.callbacks, self._signal, turn.shown_text, turn.shown_reasoning)
         relay.start()
         try:
             response = call_interruptibly(

@@ -19,7 +19,7 @@ from urllib.parse import urlparse
 from agent_state import SessionStore
 from mibyan.agent.adapters.base import Adapter, NormalizedResponse, ToolSchema
 from mibyan.agent.agent_init import ProviderRuntime, adapter_for, read_api_key, resolve_runtime
-from mibyan.agent.callbacks import Callbacks
+from mibyan.agent.callbacks import Callbacks, ShownText
 from mibyan.agent.errors import (
     RETRYABLE_REASONS,
     ConfigError,
@@ -156,6 +156,7 @@ class ApiErrorMixin:
         self, turn: TurnState, request: PreparedRequest
     ) -> NormalizedResponse | Interrupted | Failed:
         """Call the model; retry, refresh or fail over; return the reply or the step that ends the turn."""
+        turn.shown_text, turn.shown_reasoning = ShownText(), ShownText()  # a new reply: nothing shown yet
         while True:
             outcome = self._call_this_provider(turn, request)
             error = failover_cause(outcome)

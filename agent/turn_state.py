@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from mibyan.agent.adapters.base import ToolSchema, Usage
+from mibyan.agent.callbacks import ShownText
 from mibyan.agent.errors import MibyanError
 from mibyan.agent.messages import History, Message
 
@@ -31,6 +32,9 @@ class TurnState:
     request_estimate: float = 0.0
     message_layers: list[str] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # What the stream callbacks showed of the reply being fetched, across its retries (reset per call).
+    shown_text: ShownText = field(default_factory=ShownText)
+    shown_reasoning: ShownText = field(default_factory=ShownText)
 
 
 @dataclass(frozen=True)

@@ -179,7 +179,9 @@ def run_chat(args: argparse.Namespace) -> int:
         from mibyan.cli.repl import run_repl
 
         return run_repl(args, session_id)
-    progress = Progress(quiet=args.quiet, stream_answer=not args.json)
+    # On a terminal the answer streams; into a pipe or a file it is written once, whole, at the end, so
+    # a script reads exactly the final answer even when a dropped stream was retried.
+    progress = Progress(quiet=args.quiet, stream_answer=not args.json and sys.stdout.isatty())
     try:
         agent = make_agent(args, progress.callbacks(), session_id=session_id)
     except MibyanError as exc:

@@ -30,6 +30,7 @@ class Progress:
         self.stream_answer = stream_answer
         self.streamed_answer = False
         self._mid_line = False
+        self._deferred: list[str] = []
 
     def callbacks(self) -> dict[str, Any]:
         callbacks: dict[str, Any] = {}
@@ -37,6 +38,7 @@ class Progress:
             callbacks["stream_delta_callback"] = self.on_delta
         if not self.quiet:
             callbacks["tool_progress_callback"] = self.on_tool
+        if self.stream_answer or not self.quiet:
             callbacks["status_callback"] = self.on_status
         return callbacks
 
@@ -51,6 +53,9 @@ class Progress:
             sys.stdout.write("\n")
             sys.stdout.flush()
         self._mid_line = False
+        for line in self._deferred:
+            sys.stderr.write(line + "\n")
+        self._deferred.clear()
 
     def _note(self, line: str) -> None:
         if self._mid_line:
@@ -68,5 +73,15 @@ class Progress:
             )
 
     def on_status(self, kind: str, message: str) -> None:
-        if kind != "interrupted":
+        if kind == "stream_restart" and self.streamed_answer:
+            # what was shown cannot be taken back: a visible break, then the answer again in full
+            self.end_answer()
+            sys.stdout.write("[the connection dropped; the answer again:]\n")
+            sys.stdout.flush()
+        elif self.quiet or kind == "interrupted":
+            return
+        elif kind == "retry" and self._mid_line:
+            # a retry mid-answer goes on where the answer was cut: the note waits for the answer's end
+            self._deferred.append(f"  · {message}")
+        else:
             self._note(f"  · {message}")
