@@ -26,7 +26,8 @@ class Callbacks:
         tool_progress_callback: `(phase, name, detail)` before ("start") and after ("end") each tool call;
             detail has `arguments`, and at the end `ok`, `duration` and a `preview` of the result.
         thinking_callback: `(active)` when the model starts (True) and stops (False) thinking.
-        reasoning_callback: `(text)` with each piece of reasoning the model shows.
+        reasoning_callback: `(text)` with each piece of reasoning the model shows (without streaming, the
+            whole reasoning of the reply at once).
         clarify_callback: `(question, choices) -> answer` when the model asks the user something.
         step_callback: `(info)` after each complete iteration (api_calls, tool names, finish reason).
         stream_delta_callback: `(text)` with each streamed piece of the answer, in order.

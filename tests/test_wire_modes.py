@@ -176,3 +176,20 @@ def test_the_budget_summary_describes_tools_but_forbids_calling_them(
     assert result["exit_reason"] == "budget_exhausted"
     assert last["tools"] and last["tool_choice"] == choice
     assert repair_history(result["messages"])[1] == []
+
+
+@pytest.mark.parametrize("stream", [True, False])
+@pytest.mark.parametrize("mode", MODES)
+def test_the_reasoning_callback_gets_the_whole_reasoning_streamed_or_not(
+    server: ScriptedServer, make_agent, mode, stream
+) -> None:
+    server.add(Reply(text="Yes.", reasoning="the user asked a yes-or-no question"))
+    pieces: list[str] = []
+    agent = make_agent(
+        base_url=server.url_for(mode), api_mode=mode, stream=stream, reasoning_callback=pieces.append
+    )
+
+    result = agent.run_conversation("is it?")
+
+    assert result["final_response"] == "Yes."
+    assert "".join(pieces) == "the user asked a yes-or-no question"
