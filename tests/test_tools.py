@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
+from typing import NotRequired, TypedDict
 
 import pytest
 import yaml
@@ -307,3 +308,77 @@ def test_handle_function_call_refuses_what_needs_approval(tmp_path: Path) -> Non
     )
     assert (tmp_path / "d").exists()
     assert handle_function_call("terminal", '{"command": "echo hi"}').startswith("hi")
+
+
+def _objects_without_keys(schema: object, path: str = "") -> list[str]:
+    found: list[str] = []
+    if isinstance(schema, dict):
+        if schema.get("type") == "object" and "properties" not in schema:
+            found.append(path or "/")
+        for key, value in schema.items():
+            found.extend(_objects_without_keys(value, f"{path}/{key}"))
+    elif isinstance(schema, list):
+        for index, value in enumerate(schema):
+            found.extend(_objects_without_keys(value, f"{path}/{index}"))
+    return found
+
+
+def test_every_object_in_every_tool_schema_names_its_keys() -> None:
+    from model_tools import get_tool_definitions
+
+    gaps = {
+        t.name: gaps
+        for t in get_tool_definitions(["all"], allow=[], deny=[])
+        if (gaps := _objects_without_keys(t.parameters))
+    }
+    assert gaps == {}
+
+
+def test_delegate_task_declares_the_keys_of_its_tasks() -> None:
+    from model_tools import get_tool_definitions
+
+    schema = next(t for t in get_tool_definitions(["all"], allow=[], deny=[]) if t.name == "delegate_task")
+    tasks = schema.parameters["properties"]["tasks"]["anyOf"][0]["items"]
+    assert tasks["type"] == "object"
+    assert set(tasks["properties"]) == {"goal", "context"}
+    assert tasks["properties"]["goal"]["type"] == "string"
+    assert "description" in tasks["properties"]["goal"]
+    assert tasks["required"] == ["goal"]
+    assert tasks["additionalProperties"] is False
+
+
+class Point(TypedDict):
+    """A point.
+
+    Attributes:
+        x: across.
+        y: down.
+        label: a name for it.
+    """
+
+    x: int
+    y: int
+    label: NotRequired[str]
+
+
+def test_a_typed_dict_argument_becomes_an_object_schema_with_its_keys() -> None:
+    @tool(toolset="test-only")
+    def plot(points: list[Point]) -> str:
+        """Plot points.
+
+        Args:
+            points: where.
+        """
+        return "ok"
+
+    try:
+        from mibyan.tools.registry import get_tool
+
+        spec = get_tool("plot")
+        assert spec is not None
+        items = spec.schema.parameters["properties"]["points"]["items"]
+        assert items["properties"]["x"] == {"type": "integer", "description": "across."}
+        assert items["properties"]["label"]["type"] == "string"
+        assert sorted(items["required"]) == ["x", "y"]
+    finally:
+        unregister("plot")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
 from mibyan.agent.errors import MibyanError, ToolError
 from mibyan.tools import context
@@ -155,9 +155,21 @@ def run_delegation(parent: AIAgent, args: dict[str, Any], add_usage: Any) -> str
     return "\n\n".join(_report(outcome, delegation.summary_chars) for outcome in outcomes)
 
 
+class DelegatedTask(TypedDict):
+    """One task for a subagent.
+
+    Attributes:
+        goal: what the subagent must do, in one or two sentences.
+        context: what it needs to know for that (files, constraints, what done looks like).
+    """
+
+    goal: str
+    context: NotRequired[str]
+
+
 @tool(toolset="core")
 def delegate_task(
-    goal: str | None = None, context: str | None = None, tasks: list[dict[str, str]] | None = None
+    goal: str | None = None, context: str | None = None, tasks: list[DelegatedTask] | None = None
 ) -> str:
     """Hand work to subagents: each gets a fresh context and its own tools, and reports back when done.
 
@@ -168,6 +180,6 @@ def delegate_task(
     Args:
         goal: one task to delegate.
         context: what the subagent needs to know for that goal (files, constraints, what done looks like).
-        tasks: several tasks to run at once, each {"goal": ..., "context": ...}.
+        tasks: several tasks to run at once, each with its goal and (optional) context.
     """
     raise ToolError("delegate_task runs inside an agent session")

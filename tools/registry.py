@@ -12,7 +12,17 @@ import re
 import types
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Union, get_args, get_origin, get_type_hints
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    NotRequired,
+    Required,
+    Union,
+    get_args,
+    get_origin,
+    get_type_hints,
+    is_typeddict,
+)
 
 from mibyan.agent.adapters.base import ToolSchema
 
@@ -73,14 +83,25 @@ def _parse_docstring(doc: str) -> tuple[str, dict[str, str]]:
             line
             and not line[0].isspace()
             and line.strip().endswith(":")
-            and header in ("Args", "Arguments", "Returns", "Raises", "Examples", "Example", "Note", "Notes")
+            and header
+            in (
+                "Args",
+                "Arguments",
+                "Attributes",
+                "Returns",
+                "Raises",
+                "Examples",
+                "Example",
+                "Note",
+                "Notes",
+            )
         ):
             section = header
             current = None
             continue
         if section is None:
             description.append(line)
-        elif section in ("Args", "Arguments"):
+        elif section in ("Args", "Arguments", "Attributes"):
             match = _ARG_LINE.match(line)
             if match:
                 current = match.group(1)
@@ -112,10 +133,34 @@ def type_schema(annotation: Any) -> dict[str, Any]:
         return {"type": "array", "items": type_schema(args[0])}
     if origin is dict and len(args) == 2 and args[0] is str:
         return {"type": "object", "additionalProperties": type_schema(args[1])}
+    if is_typeddict(annotation):
+        return typed_dict_schema(annotation)
     from pydantic import TypeAdapter
 
     schema = TypeAdapter(annotation).json_schema()
     schema.pop("title", None)
+    return schema
+
+
+def typed_dict_schema(annotation: Any) -> dict[str, Any]:
+    """An object with exactly the keys of a TypedDict, described by its docstring's `Attributes:`."""
+    _, docs = _parse_docstring(annotation.__doc__ or "")
+    properties: dict[str, Any] = {}
+    required: list[str] = []
+    # Read Required/NotRequired from the hints: with postponed annotations, __required_keys__ cannot see them.
+    for key, hint in get_type_hints(annotation, include_extras=True).items():
+        marker = get_origin(hint)
+        if marker in (Required, NotRequired):
+            hint = get_args(hint)[0]
+        if marker is Required or (marker is not NotRequired and annotation.__total__):
+            required.append(key)
+        prop = type_schema(hint)
+        if key in docs:
+            prop["description"] = docs[key]
+        properties[key] = prop
+    schema: dict[str, Any] = {"type": "object", "properties": properties, "additionalProperties": False}
+    if required:
+        schema["required"] = required
     return schema
 
 
