@@ -22,31 +22,15 @@ from pathlib import Path
 from typing import Any
 
 from mibyan.agent.errors import MibyanError
+from mibyan.agent.redact import mask_secrets
 from mibyan.config.paths import private_dir
 
 Message = dict[str, Any]
+__all__ = ["SessionSink", "SessionStore", "StoreError", "mask_secrets", "title_from"]
 
 
 class StoreError(MibyanError):
     """The session database cannot be used (corrupt, unreadable, locked for too long) or an id is unknown."""
-
-
-# Secrets that must never reach the store in clear: provider keys, tokens, private key blocks.
-_SECRET_PATTERNS = [
-    re.compile(r"\b(sk-(?:ant-|proj-|or-)?[A-Za-z0-9_\-]{16,})"),
-    re.compile(r"\b(gh[pousr]_[A-Za-z0-9]{20,})"),
-    re.compile(r"\b(AKIA[0-9A-Z]{16})\b"),
-    re.compile(r"\b(xox[abprs]-[A-Za-z0-9\-]{10,})"),
-    re.compile(r"(?i)(?<=bearer )([A-Za-z0-9_\-\.=]{20,})"),
-    re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----[\s\S]*?-----END [A-Z ]*PRIVATE KEY-----"),
-]
-
-
-def mask_secrets(text: str) -> str:
-    """Replace anything that looks like a key or token by a short masked form."""
-    for pattern in _SECRET_PATTERNS:
-        text = pattern.sub(lambda m: m.group(0)[:6] + "…[masked]", text)
-    return text
 
 
 def _masked(value: str | None) -> str | None:
@@ -172,6 +156,18 @@ def _row_to_message(row: sqlite3.Row) -> Message:
     return message
 
 
+def _masked_calls(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Tool calls with their arguments masked (as the JSON text they are, before they are nested)."""
+    masked = []
+    for call in calls:
+        function = call.get("function") or {}
+        arguments = function.get("arguments")
+        if isinstance(arguments, str):
+            call = {**call, "function": {**function, "arguments": mask_secrets(arguments)}}
+        masked.append(call)
+    return masked
+
+
 def _message_values(session_id: str, seq: int, message: Message, now: float) -> tuple[Any, ...]:
     content = message.get("content")
     if content is not None and not isinstance(content, str):
@@ -183,7 +179,7 @@ def _message_values(session_id: str, seq: int, message: Message, now: float) -> 
         seq,
         message["role"],
         _masked(content),
-        _masked(json.dumps(tool_calls, ensure_ascii=False)) if tool_calls else None,
+        json.dumps(_masked_calls(tool_calls), ensure_ascii=False) if tool_calls else None,
         message.get("tool_call_id"),
         message.get("name"),
         _masked(message.get("reasoning")),
