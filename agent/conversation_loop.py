@@ -13,7 +13,14 @@ from mibyan.agent.budget import IterationBudget
 from mibyan.agent.callbacks import Callbacks
 from mibyan.agent.errors import ProviderError
 from mibyan.agent.interruptible import InterruptSignal
-from mibyan.agent.messages import History, Message, MessageSink, assistant_message, user_message
+from mibyan.agent.messages import (
+    History,
+    Message,
+    MessageSink,
+    assistant_message,
+    check_messages,
+    user_message,
+)
 from mibyan.agent.turn_api_error import failover_cause
 from mibyan.agent.turn_state import (
     BudgetExhausted,
@@ -96,7 +103,9 @@ class ConversationLoopMixin:
         Args:
             user_message: what the user says.
             system_message: a system prompt to use instead of the built one (kept for the session).
-            conversation_history: a history to continue; it becomes this session's stored history.
+            conversation_history: a history to continue; it becomes this session's stored history. An
+                entry that is not a message (unknown role, no tool_call_id on a tool result) raises
+                InvalidMessage, a ValueError.
             task_id: an id for this task's tools to share state by; generated when omitted.
 
         Returns:
@@ -109,6 +118,7 @@ class ConversationLoopMixin:
 
     def _adopt_history(self, messages: list[Message]) -> None:
         """Make `messages` this session's history (stored as such); a leading system message is its prompt."""
+        check_messages(messages)
         messages = list(messages)
         if messages and messages[0].get("role") == "system":
             self._system_prompt = str(messages[0].get("content") or "")

@@ -45,6 +45,35 @@ class HistoryError(MibyanError):
     """An append would break the message rules: a bug in the caller, never the user's fault."""
 
 
+class InvalidMessage(MibyanError, ValueError):
+    """A message handed in from outside (a conversation_history entry) is not a message at all."""
+
+
+_ROLES = ("system", "user", "assistant", "tool")
+
+
+def check_messages(messages: list[Any], *, where: str = "conversation_history") -> None:
+    """Refuse, in one line naming the entry, what no repair can turn into a message.
+
+    What breaks only the order rules (a missing result, two user messages in a row) is left for
+    `repair_history`; an entry that is not a dict, has an unknown role or is a tool result without the
+    id of its call is refused.
+
+    Raises:
+        InvalidMessage: naming the first bad entry, e.g. `conversation_history[3]: unknown role 'robot'`.
+    """
+    for index, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise InvalidMessage(f"{where}[{index}]: a message must be a dict, not {type(message).__name__}")
+        role = message.get("role")
+        if role not in _ROLES:
+            raise InvalidMessage(
+                f"{where}[{index}]: unknown role {role!r} (expected one of {', '.join(_ROLES)})"
+            )
+        if role == "tool" and not isinstance(message.get("tool_call_id"), str):
+            raise InvalidMessage(f"{where}[{index}]: a tool message needs its tool_call_id")
+
+
 class MessageSink(Protocol):
     """Where history changes are persisted (the session store, or nothing)."""
 

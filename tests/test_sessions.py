@@ -341,3 +341,24 @@ def test_sessions_commands_import_no_configuration_or_sdk(home: Path, args: list
         [sys.executable, "-c", code, *args], capture_output=True, text=True, cwd=ROOT, env=env
     )
     assert done.stdout.strip().splitlines()[-1] == "[]", done.stderr
+
+
+@pytest.mark.parametrize(
+    ("entry", "expected"),
+    [
+        ({"role": "robot", "content": "beep"}, "conversation_history[1]: unknown role 'robot'"),
+        ({"content": "no role"}, "conversation_history[1]: unknown role None"),
+        ("just text", "conversation_history[1]: a message must be a dict"),
+        ({"role": "tool", "content": "x"}, "conversation_history[1]: a tool message needs its tool_call_id"),
+    ],
+)
+def test_a_history_entry_that_is_not_a_message_is_refused_in_one_line(
+    server: ScriptedServer, make_agent, entry: object, expected: str
+) -> None:
+    agent = make_agent()
+    history = [{"role": "user", "content": "hi"}, entry]
+    with pytest.raises(ValueError) as caught:
+        agent.run_conversation("next", conversation_history=history)
+    assert str(caught.value).startswith(expected)
+    assert "\n" not in str(caught.value)
+    assert server.requests == []
