@@ -2,22 +2,32 @@
 
 They live under `$MIBYAN_HOME/skills/` and `./.mibyan/skills/` (the project's win on a name clash). The
 system prompt lists them; a user message containing one of a skill's trigger words brings that skill's
-instructions into the turn.
+instructions into the turn. Their front matter is kept parsed in the home (see SkillIndex) and a
+skill's instructions are read only when a turn needs them.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import math
+import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
+from typing import Any
 
 import yaml
 
+from mibyan.config.paths import private_dir
+
 _FRONT_MATTER = re.compile(r"\A---\s*\n(.*?)\n---\s*\n?(.*)\Z", re.S)
 _MAX_SKILL_CHARS = 8000
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when present: several times faster
+_INDEX_VERSION = 1
+_INDEX_LIMIT = 2000
 log = logging.getLogger("mibyan.skills")
 
 
@@ -26,25 +36,39 @@ class Skill:
     name: str
     description: str
     triggers: tuple[str, ...]
-    body: str
     path: Path
+
+    @cached_property
+    def body(self) -> str:
+        """The skill's instructions, read when first needed (most turns need none)."""
+        text = _read(self.path)
+        match = _FRONT_MATTER.match(text or "")
+        return (match.group(2) if match else text or "").strip()[:_MAX_SKILL_CHARS]
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def _front_matter(text: str) -> dict[str, object]:
+    match = _FRONT_MATTER.match(text)
+    if not match:
+        return {}
+    try:
+        loaded = yaml.load(match.group(1), Loader=_LOADER)
+    except yaml.YAMLError:
+        return {}
+    return loaded if isinstance(loaded, dict) else {}
 
 
 def load_skill(path: Path) -> Skill | None:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError:
+    text = _read(path)
+    if text is None:
         return None
-    match = _FRONT_MATTER.match(text)
-    meta: dict[str, object] = {}
-    body = text
-    if match:
-        try:
-            loaded = yaml.safe_load(match.group(1))
-        except yaml.YAMLError:
-            loaded = None
-        meta = loaded if isinstance(loaded, dict) else {}
-        body = match.group(2)
+    meta = _front_matter(text)
     raw_triggers = meta.get("triggers") or []
     triggers = [raw_triggers] if isinstance(raw_triggers, str) else raw_triggers
     if not isinstance(triggers, list):
@@ -53,20 +77,78 @@ def load_skill(path: Path) -> Skill | None:
         name=str(meta.get("name") or path.parent.name),
         description=str(meta.get("description") or "").strip(),
         triggers=tuple(str(t).lower() for t in triggers if str(t).strip()),
-        body=body.strip()[:_MAX_SKILL_CHARS],
         path=path,
     )
 
 
+class SkillIndex:
+    """The parsed front matter of every skill seen, kept in `$MIBYAN_HOME/cache/skills.json` (0600).
+
+    An entry is used while its file keeps its modification time and size; a changed, new or removed file
+    is read again. Parsing YAML is what made many skills slow to start with; a stat per file is not.
+    """
+
+    def __init__(self, home: Path) -> None:
+        self.path = home / "cache" / "skills.json"
+        self._entries: dict[str, dict[str, Any]] = {}
+        self._changed = False
+        try:
+            loaded = json.loads(self.path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            loaded = {}
+        if isinstance(loaded, dict) and loaded.get("version") == _INDEX_VERSION:
+            self._entries = loaded.get("skills") or {}
+
+    def skill(self, path: Path) -> Skill | None:
+        try:
+            status = path.stat()
+        except OSError:
+            return None
+        stamp = [status.st_mtime_ns, status.st_size]
+        entry = self._entries.get(str(path))
+        if entry is not None and entry.get("stamp") == stamp:
+            return Skill(entry["name"], entry["description"], tuple(entry["triggers"]), path)
+        skill = load_skill(path)
+        if skill is not None:
+            self._entries[str(path)] = {
+                "stamp": stamp,
+                "name": skill.name,
+                "description": skill.description,
+                "triggers": list(skill.triggers),
+            }
+            self._changed = True
+        return skill
+
+    def save(self) -> None:
+        """Write the index if anything was parsed anew (a home that cannot be written keeps none)."""
+        if not self._changed:
+            return
+        if len(self._entries) > _INDEX_LIMIT:
+            self._entries = {key: self._entries[key] for key in list(self._entries)[-_INDEX_LIMIT:]}
+        data = json.dumps({"version": _INDEX_VERSION, "skills": self._entries}, ensure_ascii=False)
+        try:
+            private_dir(self.path.parent)
+            temporary = self.path.with_name(f".skills.{os.getpid()}.tmp")
+            fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                handle.write(data)
+            os.replace(temporary, self.path)
+        except OSError as exc:
+            log.info("skill index not saved: %s", exc)
+        self._changed = False
+
+
 def discover_skills(home: Path, cwd: Path) -> list[Skill]:
     """Every skill of the home and the project, sorted by name (a stable order for the prompt)."""
+    index = SkillIndex(home)
     found: dict[str, Skill] = {}
     for root in (home / "skills", cwd / ".mibyan" / "skills"):
         if root.is_dir():
             for skill_file in sorted(root.glob("*/SKILL.md")):
-                skill = load_skill(skill_file)
+                skill = index.skill(skill_file)
                 if skill is not None:
                     found[skill.name] = skill
+    index.save()
     return [found[name] for name in sorted(found)]
 
 

@@ -234,9 +234,10 @@ def main() -> None:
             show(f"per-iteration overhead, {length} messages", ours, bare)
             show(f"  bare openai SDK loop, {length} messages", bare)
         bench_parallel_tools(server, home)
-    from bench import context, delegation, render, sandbox, sessions
+    from bench import context, delegation, render, sandbox, sessions, skills
 
     sessions.main()
+    skills.main()
     context.main()
     delegation.main()
     render.main()

@@ -177,3 +177,33 @@ def test_reload_applies_a_memory_change_within_the_session(
     assert "Tuesdays" not in prompts[1] and "Tuesdays" in prompts[2]
     resumed = make_agent(session_id=agent.session_id)
     assert "Tuesdays" in resumed._session_system_prompt()
+
+
+def _skill(home: Path, name: str, description: str) -> Path:
+    folder = home / "skills" / name
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "SKILL.md"
+    path.write_text(f"---\nname: {name}\ndescription: {description}\ntriggers: [{name}]\n---\nDo {name}.\n")
+    return path
+
+
+def test_parsed_skills_are_kept_in_a_private_index_and_an_edit_is_seen_at_once(
+    server: ScriptedServer, make_agent, home: Path
+) -> None:
+    import os
+    import stat
+
+    path = _skill(home, "deploy", "Deploy the service")
+    server.default = lambda body: Reply(text="ok")
+    make_agent().chat("hello")
+
+    index = home / "cache" / "skills.json"
+    assert stat.S_IMODE(index.stat().st_mode) == 0o600
+    assert "Deploy the service" in index.read_text()
+
+    _skill(home, "deploy", "Deploy the service to production, carefully")
+    os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 1_000_000))
+    make_agent().chat("deploy it")
+    prompt = system_of(server.requests[-1].body)
+    assert "deploy: Deploy the service to production, carefully" in prompt
+    assert "[Skill: deploy]\nDo deploy." in prompt
