@@ -64,6 +64,20 @@ def bench_startup(server: ScriptedServer, env: dict[str, str]) -> None:
     one_shot = [*mibyan_command(), "chat", "-q", "hi", "--base-url", server.base_url, "-Q"]
     floor = [sys.executable, "-c", bare_call]
     show("one-shot `mibyan chat -q` (zero model latency)", *paired(one_shot, floor, env))
+    show("  from the reply's last byte to process exit", *paired_tails(server, one_shot, floor, env))
+
+
+def paired_tails(
+    server: ScriptedServer, command: list[str], floor: list[str], env: dict[str, str]
+) -> tuple[list[float], list[float]]:
+    """From the server's last byte of the reply to the process's exit, for `command` and its floor."""
+    ours: list[float] = []
+    base: list[float] = []
+    for _ in range(RUNS):
+        for cmd, sink in ((command, ours), (floor, base)):
+            subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+            sink.append((time.perf_counter() - server.reply_sent_at[-1]) * 1000)
+    return ours, base
 
 
 def time_to_prompt(env: dict[str, str]) -> float:

@@ -196,3 +196,5 @@ def run_chat(args: argparse.Namespace) -> int:
         progress.end_answer()
         sys.stderr.write(f"mibyan: {visible(str(exc))}\n")
         return EXIT_ERROR
+    finally:
+        agent.close()

@@ -250,3 +250,14 @@ def test_a_one_shot_says_which_session_to_resume(server: ScriptedServer, home: P
     )
     assert resumed.returncode == 0 and resumed.stderr == ""
     assert [m["content"] for m in server.requests[-1].body["messages"][1:]] == ["one", "first", "two"]
+
+
+def test_a_one_shot_that_ends_at_once_still_delivers_all_of_a_long_answer(
+    server: ScriptedServer, home: Path
+) -> None:
+    answer = "line of a long answer\n" * 50_000  # 1.1 MB: more than any pipe buffer holds
+    server.add(Reply(text=answer.strip(), chunks=40))
+    done = run_cli("chat", "-q", "tell me everything", "--base-url", server.base_url, home=home)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == answer
+    assert sorted(p.name for p in home.glob("state.db*")) == ["state.db"]  # the store was closed
