@@ -235,7 +235,7 @@ def init_agent(
     from mibyan.agent.context_engine import load_engine
     from mibyan.agent.hooks import Hooks
     from mibyan.agent.interruptible import InterruptSignal
-    from mibyan.agent.tokens import TokenEstimator, context_window_for
+    from mibyan.agent.tokens import TokenEstimator
     from mibyan.tools.approval import ApprovalPolicy
     from model_tools import check_tool_selection, get_tool_definitions
 
@@ -268,7 +268,7 @@ def init_agent(
     agent._client = None
     agent._signal = InterruptSignal()
     agent._estimator = TokenEstimator()
-    agent._window = context_window_for(agent.runtime.model, settings.model.context_window)
+    agent._window = context_window(settings, agent.runtime, home_path)
     agent._context_engine = load_engine(settings, agent._window, agent._estimator, make_summarizer(agent))
     agent._tool_pool = None
     agent.hooks = Hooks.from_config(settings.hooks)
@@ -323,6 +323,26 @@ def make_sandbox(settings: AgentSettings, home: Path, callbacks: Any, *, source:
         else:
             logging.getLogger("mibyan.sandbox").warning(warning)
     return sandbox
+
+
+def context_window(settings: AgentSettings, runtime: ProviderRuntime, home: Path) -> int:
+    """The model's context window: `model.context_window`, the table of known models, what the model's
+    server reports (asked once ever, for unknown models only), else 128k."""
+    from mibyan.agent.tokens import context_window_for, known_context_window
+
+    override = settings.model.context_window
+    discovered = None
+    if (
+        not override
+        and known_context_window(runtime.model) is None
+        and runtime.api_mode != "anthropic_messages"
+    ):
+        from mibyan.agent.window_discovery import discover_window
+
+        discovered = discover_window(
+            home, base_url=runtime.base_url, model=runtime.model, api_key=runtime.api_key
+        )
+    return context_window_for(runtime.model, override, discovered)
 
 
 def remember_approval(home: Path, key: str) -> None:

@@ -15,7 +15,7 @@ from mibyan.agent.messages import Message
 
 _CHARS_PER_TOKEN = 4.0
 _MESSAGE_OVERHEAD = 4
-_DEFAULT_WINDOW = 128_000
+DEFAULT_WINDOW = 128_000
 
 #: Context windows of models people use, by name prefix (the longest matching prefix wins).
 CONTEXT_WINDOWS: dict[str, int] = {
@@ -42,13 +42,16 @@ CONTEXT_WINDOWS: dict[str, int] = {
 }
 
 
-def context_window_for(model: str, override: int | None = None) -> int:
-    """The context window of `model`: the configured override, the table, else 128k."""
-    if override:
-        return override
+def known_context_window(model: str) -> int | None:
+    """The context window of `model` from the table (the longest matching name prefix), or None."""
     name = model.rsplit("/", 1)[-1].lower()
     matches = [prefix for prefix in CONTEXT_WINDOWS if name.startswith(prefix)]
-    return CONTEXT_WINDOWS[max(matches, key=len)] if matches else _DEFAULT_WINDOW
+    return CONTEXT_WINDOWS[max(matches, key=len)] if matches else None
+
+
+def context_window_for(model: str, override: int | None = None, discovered: int | None = None) -> int:
+    """The context window of `model`: the configured override, the table, what its server said, else 128k."""
+    return override or known_context_window(model) or discovered or DEFAULT_WINDOW
 
 
 def _message_chars(message: Message) -> int:

@@ -1,7 +1,8 @@
 """A scripted Chat Completions server on loopback, for end-to-end tests and benchmarks.
 
 Each request takes the next scripted `Reply` (or asks `default` for one). Replies are sent as SSE
-(chunked, keep-alive) when the request asks to stream, else as one JSON body. The server records
+(chunked, keep-alive) when the request asks to stream, else as one JSON body. `GET .../models` lists
+`server.models` (404 while it is None). The server records
 every request body, when it arrived, and whether a client hung up while the server was still busy.
 """
 
@@ -72,6 +73,8 @@ class ScriptedServer:
         self.default = default
         self.requests: list[Seen] = []
         self.reply_sent_at: list[float] = []
+        self.models: list[dict[str, Any]] | None = None  # served at GET .../models; None: 404
+        self.model_listings = 0  # how many times the models were asked for
         self.hangups = 0
         self._lock = threading.Lock()
         self._arrivals = threading.Condition(self._lock)
@@ -130,6 +133,17 @@ class ScriptedServer:
 
             def log_message(self, *args: Any) -> None:
                 pass
+
+            def do_GET(self) -> None:
+                if not self.path.endswith("/models"):
+                    self._send_json(404, {"error": {"message": "not found"}}, {})
+                    return
+                with server._lock:
+                    server.model_listings += 1
+                if server.models is None:
+                    self._send_json(404, {"error": {"message": "no model listing here"}}, {})
+                else:
+                    self._send_json(200, {"object": "list", "data": server.models}, {})
 
             def do_POST(self) -> None:
                 arrived = time.perf_counter()

@@ -1,0 +1,99 @@
+"""The context window of a model mibyan does not know, asked of the server that runs it.
+
+OpenAI-compatible servers list their models at `GET {base_url}/models`, and many say there how long a
+context the model takes: vLLM `max_model_len`, llama.cpp `meta.n_ctx` / `meta.n_ctx_train`, LM Studio
+`max_context_length`, OpenRouter `context_length`. The answer is asked once per base URL and model,
+ever: it is kept in `$MIBYAN_HOME/cache/context_windows.json` (0600), a server that does not say
+included, so only the very first run against a new model waits for the listing (2 s at most).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from mibyan.config.paths import private_dir
+
+log = logging.getLogger("mibyan.window")
+
+LISTING_TIMEOUT = 2.0
+_WINDOW_KEYS = ("max_model_len", "context_length", "max_context_length", "context_window")
+_META_KEYS = ("n_ctx", "n_ctx_train")  # llama.cpp: the server's own setting first, then the model's
+
+
+def window_in_listing(listing: Any, model: str) -> int | None:
+    """The context window a `/models` listing gives `model`, if it gives one."""
+    entries = listing.get("data") if isinstance(listing, dict) else listing
+    if not isinstance(entries, list):
+        return None
+    entries = [e for e in entries if isinstance(e, dict)]
+    chosen = [e for e in entries if e.get("id") == model] or (entries if len(entries) == 1 else [])
+    for entry in chosen:
+        meta = entry.get("meta") if isinstance(entry.get("meta"), dict) else {}
+        top = entry.get("top_provider") if isinstance(entry.get("top_provider"), dict) else {}
+        candidates = [entry.get(k) for k in _WINDOW_KEYS] + [meta.get(k) for k in _META_KEYS]
+        for value in [*candidates, top.get("context_length")]:
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return value
+    return None
+
+
+class WindowCache:
+    """What servers said about their models' windows, by `base_url|model`; None when they said nothing."""
+
+    def __init__(self, home: Path) -> None:
+        self.path = home / "cache" / "context_windows.json"
+        try:
+            loaded = json.loads(self.path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            loaded = {}
+        self._answers: dict[str, int | None] = loaded if isinstance(loaded, dict) else {}
+
+    def known(self, key: str) -> bool:
+        return key in self._answers
+
+    def get(self, key: str) -> int | None:
+        return self._answers.get(key)
+
+    def remember(self, key: str, window: int | None) -> None:
+        self._answers[key] = window
+        data = json.dumps(self._answers, indent=1, sort_keys=True)
+        try:
+            private_dir(self.path.parent)
+            temporary = self.path.with_name(f".context_windows.{os.getpid()}.tmp")
+            fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                handle.write(data)
+            os.replace(temporary, self.path)
+        except OSError as exc:  # a read-only home: asked again next time, which is only slower
+            log.info("context window not cached: %s", exc)
+
+
+def discover_window(home: Path, *, base_url: str, model: str, api_key: str) -> int | None:
+    """The window the server at `base_url` reports for `model`, asked once ever; None if it says nothing."""
+    cache = WindowCache(home)
+    key = f"{base_url}|{model}"
+    if cache.known(key):
+        return cache.get(key)
+    import httpx2
+
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        response = httpx2.get(base_url.rstrip("/") + "/models", headers=headers, timeout=LISTING_TIMEOUT)
+    except httpx2.TimeoutException:
+        cache.remember(key, None)  # too slow to ask: do not make every start wait for it
+        return None
+    except httpx2.HTTPError as exc:  # down for now: ask again next time
+        log.info("could not list the models of %s: %s", base_url, exc)
+        return None
+    window = None
+    if response.status_code == 200:
+        try:
+            window = window_in_listing(response.json(), model)
+        except ValueError:
+            window = None
+    cache.remember(key, window)
+    return window
