@@ -276,8 +276,9 @@ class SessionStore:
     def open_for_reading(cls, home: Path) -> SessionStore:
         """The store for commands that only read: read-only when the home or the database is not writable."""
         path = home / "state.db"
-        writable = os.access(home, os.W_OK) and (not path.exists() or os.access(path, os.W_OK))
-        if writable:
+        if not home.exists() or (
+            os.access(home, os.W_OK) and (not path.exists() or os.access(path, os.W_OK))
+        ):
             return cls.open(home)
         return cls(path, read_only=True)
 

@@ -132,12 +132,15 @@ def log_file(tmp_path: Path) -> Iterator[Path]:
 
     logger = logging.getLogger("mibyan")
     before = (list(logger.handlers), logger.propagate, logger.level)
+    for handler in before[0]:  # an earlier test's log file: set up once per process, so set aside
+        logger.removeHandler(handler)
     setup_logging(tmp_path)
     yield tmp_path / "logs" / "mibyan.log"
-    for handler in logger.handlers:
-        if handler not in before[0]:
-            logger.removeHandler(handler)
-            handler.close()
+    for handler in list(logger.handlers):
+        logger.removeHandler(handler)
+        handler.close()
+    for handler in before[0]:
+        logger.addHandler(handler)
     logger.propagate, logger.level = before[1], before[2]
 
 
