@@ -39,11 +39,15 @@ def setup_logging(home: Path) -> None:
     if any(h.get_name() == _HANDLER_NAME for h in root.handlers):
         return
     folder = home / "logs"
-    private_dir(folder)
     path = folder / "mibyan.log"
-    if not path.exists():
-        os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
-    handler = _LogFile(path, encoding="utf-8")
+    try:
+        private_dir(folder)
+        if not path.exists():
+            os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
+        handler: logging.Handler = _LogFile(path, encoding="utf-8")
+    except OSError:
+        # No log file (a read-only home, say): the run goes on, and nothing leaks onto the terminal.
+        handler = logging.NullHandler()
     handler.set_name(_HANDLER_NAME)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     handler.addFilter(RedactSecrets())

@@ -90,7 +90,9 @@ def prepare_home(home: Path) -> list[str]:
     if not os.access(home, os.W_OK):
         why = "on a read-only file system" if _read_only_file_system(home) else "not writable"
         raise HomeError(f"{home}: the mibyan home is {why}; {hint}")
-    tightened = [_tighten(home, 0o700), _tighten(home / "state.db", 0o600)]
+    private = [(home, 0o700), (home / "logs", 0o700), (home / "logs" / "mibyan.log", 0o600)]
+    private += [(home / f"state.db{suffix}", 0o600) for suffix in ("", "-wal", "-shm")]
+    tightened = [_tighten(path, mode) for path, mode in private]
     return [note for note in tightened if note]
 
 

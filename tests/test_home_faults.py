@@ -123,3 +123,14 @@ def test_a_home_and_database_open_to_others_are_made_private_and_the_user_told(
     assert len(notes) == 1, first.stderr
     assert str(home) in notes[0]
     assert "only you can read" not in again.stderr
+
+
+def test_a_log_folder_that_cannot_be_written_does_not_stop_a_chat(server: ScriptedServer, home: Path) -> None:
+    _first_session(server, home)
+    server.add(Reply(text="still here"))
+    done = run_cli(
+        "chat", "-q", "hi", "--base-url", server.base_url, home=home, wrapper=_read_only(home / "logs")
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "still here\n"
+    assert "Traceback" not in done.stderr
