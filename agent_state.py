@@ -621,8 +621,13 @@ class SessionSink:
 
 
 def title_from(text: str, width: int = 60) -> str:
-    """A session title from its first user message: one line, shortened at a word boundary."""
-    line = " ".join(mask_secrets(text).split())
+    """A session title from its first user message: one printable line, shortened at a word boundary.
+
+    Control characters (a terminal's escape sequences among them) become U+FFFD: titles are printed
+    as they are by `mibyan sessions list`.
+    """
+    words = " ".join(mask_secrets(text).split())
+    line = "".join(ch if ch.isprintable() else "\ufffd" for ch in words)
     if len(line) <= width:
         return line
     cut = line[:width].rsplit(" ", 1)[0]
