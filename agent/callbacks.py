@@ -66,6 +66,9 @@ class Callbacks:
             return None
 
 
+_RESTART = "the retried answer differs: it is shown again from the start"
+
+
 class ShownText:
     """What the stream callbacks already showed of one reply, kept across the retries of its call.
 
@@ -90,6 +93,10 @@ class _Attempt:
         self._position = 0
         self._caught_up = False
 
+    @property
+    def shown(self) -> str:
+        return self._shown.text
+
     def new_part(self, delta: str) -> tuple[str, bool]:
         """The part of `delta` not yet shown, and whether the display must start over first."""
         if self._caught_up:
@@ -108,6 +115,14 @@ class _Attempt:
         self._caught_up = True
         self._shown.text = shown[: self._position] + delta
         return self._shown.text, True
+
+    def settle(self) -> bool:
+        """At the end of a successful attempt: True when the screen shows more than this reply said
+        (it stopped short of what an earlier attempt showed), so the display must start over."""
+        if self._caught_up or self._position >= len(self._shown.text):
+            return False
+        self._shown.text = self._shown.text[: self._position]
+        return True
 
 
 class StreamRelay:
@@ -148,6 +163,14 @@ class StreamRelay:
         if fresh:
             self.stop()
             self._callbacks.emit("stream_delta_callback", fresh)
+
+    def finish(self) -> None:
+        """The reply is complete: if it said less than an earlier attempt showed, start the display over."""
+        if self._text.settle():
+            self._callbacks.emit("status_callback", "stream_restart", _RESTART)
+            shown = self._text.shown
+            if shown:
+                self._callbacks.emit("stream_delta_callback", shown)
 
     def on_reasoning(self, delta: str) -> None:
         if self._signal.is_set():

@@ -83,7 +83,9 @@ class ApiCallMixin:
             )
         finally:
             relay.stop()
-        if not agent.stream and response.reasoning:
+        if agent.stream:
+            relay.finish()
+        elif response.reasoning:
             # A stream shows reasoning as it arrives; a plain reply shows the whole of it at once.
             relay.on_reasoning(response.reasoning)
         turn.api_calls += 1

@@ -62,6 +62,20 @@ def test_a_retry_that_says_something_else_restarts_the_display_visibly(
     assert shown.count(ANSWER) == 1
 
 
+def test_a_retry_that_stops_short_of_what_was_shown_restarts_the_display(
+    server: ScriptedServer, make_agent, retrying_home: Path
+) -> None:
+    short = "The answer is forty-two."
+    server.add(Reply(text=short + " Let me also explain", cut=True), Reply(text=short))
+    agent, deltas, statuses = watch(make_agent, retrying_home)
+
+    result = agent.run_conversation("why?")
+
+    assert result["final_response"] == short
+    assert [kind for kind, _ in statuses].count("stream_restart") == 1
+    assert "".join(deltas).endswith(" Let me also explain" + short)
+
+
 def test_a_one_shot_answer_on_stdout_is_the_final_answer_exactly_once(
     server: ScriptedServer, retrying_home: Path
 ) -> None:
