@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from mibyan.config.paths import private_dir
+from mibyan.config.paths import write_private
 
 _FRONT_MATTER = re.compile(r"\A---\s*\n(.*?)\n---\s*\n?(.*)\Z", re.S)
 _MAX_SKILL_CHARS = 8000
@@ -127,12 +126,7 @@ class SkillIndex:
             self._entries = {key: self._entries[key] for key in list(self._entries)[-_INDEX_LIMIT:]}
         data = json.dumps({"version": _INDEX_VERSION, "skills": self._entries}, ensure_ascii=False)
         try:
-            private_dir(self.path.parent)
-            temporary = self.path.with_name(f".skills.{os.getpid()}.tmp")
-            fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                handle.write(data)
-            os.replace(temporary, self.path)
+            write_private(self.path, data.encode())
         except OSError as exc:
             log.info("skill index not saved: %s", exc)
         self._changed = False

@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from pathlib import Path
 from typing import Any
 
-from mibyan.config.paths import private_dir
+from mibyan.config.paths import write_private
 
 log = logging.getLogger("mibyan.window")
 
@@ -62,12 +61,7 @@ class WindowCache:
         self._answers[key] = window
         data = json.dumps(self._answers, indent=1, sort_keys=True)
         try:
-            private_dir(self.path.parent)
-            temporary = self.path.with_name(f".context_windows.{os.getpid()}.tmp")
-            fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                handle.write(data)
-            os.replace(temporary, self.path)
+            write_private(self.path, data.encode())
         except OSError as exc:  # a read-only home: asked again next time, which is only slower
             log.info("context window not cached: %s", exc)
 
