@@ -428,8 +428,10 @@ class SessionStore:
             )
 
     def rename(self, session_id: str, title: str) -> None:
+        """Give a session a title (masked and made one printable line, like the titles mibyan makes)."""
+        clean = title_from(title, width=200)
         with self._transaction() as db:
-            db.execute("UPDATE sessions SET title = ? WHERE id = ?", (title, session_id))
+            db.execute("UPDATE sessions SET title = ? WHERE id = ?", (clean, session_id))
 
     def end_session(self, session_id: str, reason: str) -> None:
         with self._transaction() as db:

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT, run_cli
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from loopback import Reply, ScriptedServer
 
 ANSWER = "The answer is forty-two, and here is why it is so."
@@ -130,3 +132,50 @@ def test_on_a_terminal_a_different_retry_is_shown_after_a_visible_break(
     server.add(Reply(text="A first try that goes", cut=True), Reply(text=ANSWER))
     shown = run_on_a_terminal("chat", "-q", "why?", "--base-url", server.base_url, home=retrying_home)
     assert shown == f"A first try that goes\n[the connection dropped; the answer again:]\n{ANSWER}\n"
+
+
+pieces = st.lists(st.text(alphabet="ab ", min_size=1, max_size=4), max_size=8)
+
+
+@settings(max_examples=400, deadline=None)
+@given(attempts=st.lists(pieces, min_size=1, max_size=4))
+def test_whatever_the_retries_say_the_screen_ends_on_the_last_reply(attempts: list[list[str]]) -> None:
+    """Deltas after the last restart, appended to what was shown before it, read as the final reply."""
+    from mibyan.agent.callbacks import Callbacks, ShownText, StreamRelay
+    from mibyan.agent.interruptible import InterruptSignal
+
+    screen: list[str] = []
+    callbacks = Callbacks(
+        stream_delta_callback=screen.append,
+        status_callback=lambda kind, _: screen.clear() if kind == "stream_restart" else None,
+    )
+    shown = ShownText()
+    for attempt in attempts:
+        relay = StreamRelay(callbacks, InterruptSignal(), shown)
+        for delta in attempt:
+            relay.on_text(delta)
+    relay.finish()
+    assert "".join(screen) == "".join(attempts[-1])
+
+
+@settings(max_examples=200, deadline=None)
+@given(first=st.text(alphabet="ab ", max_size=12), more=st.text(alphabet="ab ", max_size=12))
+def test_a_retry_that_extends_what_was_shown_never_restarts(first: str, more: str) -> None:
+    from mibyan.agent.callbacks import Callbacks, ShownText, StreamRelay
+    from mibyan.agent.interruptible import InterruptSignal
+
+    screen: list[str] = []
+    restarts: list[str] = []
+    callbacks = Callbacks(
+        stream_delta_callback=screen.append, status_callback=lambda kind, _: restarts.append(kind)
+    )
+    shown = ShownText()
+    if first:
+        StreamRelay(callbacks, InterruptSignal(), shown).on_text(first)  # the attempt that was cut
+    relay = StreamRelay(callbacks, InterruptSignal(), shown)
+    whole = first + more
+    for start in range(0, len(whole), 3):
+        relay.on_text(whole[start : start + 3])
+    relay.finish()
+    assert restarts == []
+    assert "".join(screen) == whole
