@@ -1,12 +1,12 @@
 """What installed skills cost a turn: from `AIAgent()` to its first request with 50 skills, minus with none.
 
 The floor is the 5 ms a user may pay for 50 skills. Each run starts a fresh agent in one process, as a
-one-shot run does; the first run of each home is left out (it builds the skill index once).
+one-shot run does; runs with and without skills alternate, and the first of each is left out (it
+builds the skill index once).
 """
 
 from __future__ import annotations
 
-import statistics
 import sys
 import tempfile
 import time
@@ -21,7 +21,7 @@ from loopback import Reply, ScriptedServer  # noqa: E402
 from bench.figures import show  # noqa: E402
 
 SKILLS = 50
-RUNS = 15
+RUNS = 31
 FLOOR_MS = 5.0
 
 
@@ -35,17 +35,14 @@ def install_skills(home: Path, count: int) -> None:
         )
 
 
-def to_first_request(server: ScriptedServer, home: Path) -> list[float]:
+def to_first_request(server: ScriptedServer, home: Path) -> float:
+    """Milliseconds from `AIAgent()` to its first request reaching the server."""
     from run_agent import AIAgent
 
-    samples = []
-    for run in range(RUNS + 1):
-        start = len(server.requests)
-        began = time.perf_counter()
-        AIAgent(base_url=server.base_url, home=home, stream=False).run_conversation("hello")
-        if run:
-            samples.append((server.requests[start].arrived - began) * 1000)
-    return samples
+    start = len(server.requests)
+    began = time.perf_counter()
+    AIAgent(base_url=server.base_url, home=home, stream=False).run_conversation("hello")
+    return (server.requests[start].arrived - began) * 1000
 
 
 def main() -> None:
@@ -55,10 +52,13 @@ def main() -> None:
         ScriptedServer(default=lambda body: Reply(text="ok")) as server,
     ):
         install_skills(Path(skilled), SKILLS)
-        without = to_first_request(server, Path(bare))
-        with_skills = to_first_request(server, Path(skilled))
-    base = statistics.median(without)
-    show(f"{SKILLS} skills: added time to the first request", [s - base for s in with_skills], [FLOOR_MS])
+        for home in (bare, skilled):  # warm up: imports, and the skill index built once
+            to_first_request(server, Path(home))
+        added = []
+        for _ in range(RUNS):  # alternate, so a change in the machine's load hits both alike
+            without = to_first_request(server, Path(bare))
+            added.append(to_first_request(server, Path(skilled)) - without)
+    show(f"{SKILLS} skills: added time to the first request", added, [FLOOR_MS])
 
 
 if __name__ == "__main__":
