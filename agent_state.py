@@ -428,10 +428,9 @@ class SessionStore:
             )
 
     def rename(self, session_id: str, title: str) -> None:
-        """Give a session a title (masked and made one printable line, like the titles mibyan makes)."""
-        clean = title_from(title, width=200)
+        """Give a session a title (secrets in it masked, like everything stored)."""
         with self._transaction() as db:
-            db.execute("UPDATE sessions SET title = ? WHERE id = ?", (clean, session_id))
+            db.execute("UPDATE sessions SET title = ? WHERE id = ?", (mask_secrets(title), session_id))
 
     def end_session(self, session_id: str, reason: str) -> None:
         with self._transaction() as db:
@@ -623,13 +622,8 @@ class SessionSink:
 
 
 def title_from(text: str, width: int = 60) -> str:
-    """A session title from its first user message: one printable line, shortened at a word boundary.
-
-    Control characters (a terminal's escape sequences among them) become U+FFFD: titles are printed
-    as they are by `mibyan sessions list`.
-    """
-    words = " ".join(mask_secrets(text).split())
-    line = "".join(ch if ch.isprintable() else "\ufffd" for ch in words)
+    """A session title from its first user message: one line, shortened at a word boundary."""
+    line = " ".join(mask_secrets(text).split())
     if len(line) <= width:
         return line
     cut = line[:width].rsplit(" ", 1)[0]

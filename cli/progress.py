@@ -54,7 +54,7 @@ class Progress:
             sys.stdout.flush()
         self._mid_line = False
         for line in self._deferred:
-            sys.stderr.write(line + "\n")
+            sys.stderr.write(visible(line) + "\n")
         self._deferred.clear()
 
     def _note(self, line: str) -> None:

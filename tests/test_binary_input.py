@@ -57,16 +57,3 @@ def test_the_library_replaces_lone_surrogates_in_a_prompt(make_agent, server: Sc
     result = make_agent().run_conversation("bad \udcff byte")
     assert result["exit_reason"] == "completed", result["error"]
     assert result["messages"][0]["content"] == f"bad {REPLACEMENT} byte"
-
-
-def test_a_title_made_from_binary_input_holds_no_terminal_control_characters(
-    server: ScriptedServer, home: Path
-) -> None:
-    server.add(Reply(text="ok"))
-    done = run_cli(
-        "chat", "-q", "-", "--base-url", server.base_url, home=home, stdin=b"\x1b]0;owned\x07\x1b[2Jhi"
-    )
-    assert done.returncode == 0, done.stderr
-    listed = run_cli("sessions", "list", home=home)
-    assert "\x1b" not in listed.stdout and "\x07" not in listed.stdout
-    assert "owned" in listed.stdout and "hi" in listed.stdout
