@@ -198,9 +198,15 @@ class Renderer:
         return asking
 
     def on_status(self, kind: str, message: str) -> None:
-        if kind not in ("interrupted",):
-            with self._lock:
-                self.console.print(Text(f"  · {visible(message)}", style="yellow"))
+        if kind in ("interrupted",):
+            return
+        with self._lock:
+            if kind == "stream_restart":
+                # The retry says something else: what was shown stays above the note, the new answer
+                # starts below it instead of being joined onto the old one.
+                self._close_answer()
+                self._answer = []
+            self.console.print(Text(f"  · {visible(message)}", style="yellow"))
 
     def end_turn(self, result: dict[str, Any], model: str) -> None:
         with self._lock:

@@ -95,6 +95,21 @@ def test_a_two_turn_chat_with_a_tool_call(server: ScriptedServer, chat: Terminal
     assert [m["role"] for m in server.requests[-1].body["messages"]][-2:] == ["assistant", "user"]
 
 
+def test_a_retried_stream_that_says_something_else_starts_below_a_note(
+    server: ScriptedServer, home: Path, start_chat: StartChat
+) -> None:
+    (home / "config.yaml").write_text("agent: {api_max_retries: 1, max_retry_wait: 0.01}\n")
+    server.add(Reply(text="Alpha beta gamma delta", cut=True), Reply(text="Omega answer here."))
+    chat = start_chat()
+    chat.wait_for("›")
+    chat.send("go", "Enter")
+    screen = chat.wait_for("Omega answer here.")
+    lines = screen.splitlines()
+    answer = next(i for i, line in enumerate(lines) if "Omega answer here." in line)
+    assert "Alpha" not in lines[answer]  # not joined onto the text the retry replaced
+    assert any("Alpha" in line for line in lines[:answer])
+
+
 def test_ctrl_c_stops_a_slow_reply_and_the_chat_goes_on(
     server: ScriptedServer, start_chat: StartChat
 ) -> None:
