@@ -196,7 +196,7 @@ def test_a_denied_command_does_not_run_and_the_model_is_told(
     )
 
     assert victim.exists()
-    assert asked == [(f"rm -rf {victim}", "recursive delete")]
+    assert asked == [(f"rm -rf {victim}", "deletes a folder and everything in it (rm -r)")]
     assert tool_results(result)[0].startswith("denied by user")
 
 
@@ -224,7 +224,7 @@ def test_yolo_runs_dangerous_commands_but_never_hardline_ones(
     )
     result = make_agent(yolo=True).run_conversation("clean")
     assert not victim.exists()
-    assert tool_results(result)[1].startswith("blocked: recursive delete of the root")
+    assert tool_results(result)[1].startswith("blocked: deletes the root, your home or a system folder")
 
 
 def test_session_and_always_answers_are_remembered(

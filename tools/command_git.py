@@ -1,0 +1,90 @@
+"""git: history it rewrites or discards, and the shell commands its configuration may run.
+
+`git -c alias.x='!rm -rf /' x` runs a shell command, and so do `core.pager`, `core.sshCommand` and
+friends: such values given on the command line are judged as shell code. Storing one with `git config`
+is asked about when the stored command would be.
+"""
+
+from __future__ import annotations
+
+import re
+
+from mibyan.tools.approval import SAFE, Verdict
+from mibyan.tools.command_words import Feed, Judge, Word, combine
+
+_GLOBAL_VALUED = {"-C", "-c", "--git-dir", "--work-tree", "--namespace", "--exec-path", "--config-env"}
+_COMMAND_KEYS = re.compile(
+    r"^(alias\..+|core\.(pager|editor|sshcommand|fsmonitor|hookspath|askpass)|sequence\.editor|"
+    r"diff\.external|diff\..+\.(textconv|command)|merge\..+\.driver|filter\..+\.(clean|smudge|process)|"
+    r"credential(\..+)?\.helper|gpg(\..+)?\.program|pager\..+|interactive\.difffilter|uploadpack\.packobjectshook)$",
+    re.IGNORECASE,
+)
+
+
+def _config_command(j: Judge, key: str, value: str) -> Verdict:
+    if not _COMMAND_KEYS.match(key):
+        return SAFE
+    if key.lower().startswith("alias."):
+        return j.script(value[1:]) if value.startswith("!") else SAFE
+    if key.lower().endswith("hookspath"):
+        return Verdict(
+            "dangerous", f"makes git run hooks from another folder ({value})", "git_config_command"
+        )
+    return j.script(value.removeprefix("!"))
+
+
+def judge_git(j: Judge, args: list[Word], feed: Feed) -> Verdict:
+    findings: list[Verdict] = []
+    i = 0
+    while i < len(args) and args[i].text.startswith("-"):
+        option, eq, value = args[i].text.partition("=")
+        if option in _GLOBAL_VALUED and not eq:
+            value = args[i + 1].text if i + 1 < len(args) else ""
+            i += 1
+        if option == "-c":
+            key, _, setting = value.partition("=")
+            findings.append(_config_command(j, key, setting))
+        i += 1
+    if i >= len(args):
+        return combine(findings)
+    sub = args[i].text
+    rest = [w.text for w in args[i + 1 :]]
+    findings.append(_subcommand(j, sub, rest))
+    return combine(findings)
+
+
+def _short_flags(rest: list[str]) -> set[str]:
+    return {f"-{c}" for a in rest if a.startswith("-") and not a.startswith("--") for c in a[1:]}
+
+
+def _subcommand(j: Judge, sub: str, rest: list[str]) -> Verdict:
+    flags = _short_flags(rest) | {a.partition("=")[0] for a in rest if a.startswith("--")}
+    if sub == "push" and (
+        flags & {"-f", "--force", "--force-with-lease", "--force-if-includes", "--mirror", "--delete", "-d"}
+        or any(a.startswith(("+", ":")) for a in rest if not a.startswith("-"))
+    ):
+        return Verdict(
+            "dangerous", "rewrites or deletes history on a remote (git push --force)", "git_force_push"
+        )
+    if sub == "reset" and "--hard" in rest:
+        return Verdict("dangerous", "discards uncommitted changes (git reset --hard)", "git_reset_hard")
+    if sub == "clean" and flags & {"-f", "--force"}:
+        return Verdict("dangerous", "deletes untracked files (git clean -f)", "git_clean")
+    only_unstages = sub == "restore" and "--staged" in rest and "--worktree" not in rest
+    everything = any(a in (".", ":/", "*", ":/*") for a in rest)
+    forced = bool({"-f", "--force"} & flags) and sub != "restore"
+    if sub in ("checkout", "restore", "switch") and (everything or forced) and not only_unstages:
+        return Verdict("dangerous", f"discards uncommitted changes (git {sub})", "git_discard")
+    if sub == "stash" and rest[:1] in (["drop"], ["clear"]):
+        return Verdict("dangerous", f"discards stashed changes (git stash {rest[0]})", "git_discard")
+    if sub == "config":
+        values = [a for a in rest if not a.startswith("-")]
+        if len(values) >= 2:
+            inner = _config_command(j, values[0], values[1])
+            if inner.tier != "safe":
+                return Verdict(
+                    "dangerous",
+                    f"stores a command for git to run later that {inner.reason}",
+                    "git_config_command",
+                )
+    return SAFE

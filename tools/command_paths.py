@@ -1,0 +1,196 @@
+"""What a path a command touches means: a disk, the root or a home, a start-up file, mibyan's own files.
+
+These are the judgements of paths the command judge makes once the path is known; which words of a
+command are its targets is the rules' business (tools/command_rules.py).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import glob
+import os
+import re
+from pathlib import Path, PurePosixPath
+
+from mibyan.tools.approval import SAFE, Verdict
+from mibyan.tools.command_words import Judge, Word
+from mibyan.tools.protected import protected_reason
+
+SYSTEM_DIRS = frozenset(
+    {
+        "/",
+        "/bin",
+        "/boot",
+        "/dev",
+        "/etc",
+        "/home",
+        "/lib",
+        "/lib32",
+        "/lib64",
+        "/libx32",
+        "/opt",
+        "/proc",
+        "/root",
+        "/sbin",
+        "/srv",
+        "/sys",
+        "/usr",
+        "/var",
+        "/mnt",
+        "/media",
+        "/run",
+        "/snap",
+        "/usr/bin",
+        "/usr/sbin",
+        "/usr/lib",
+        "/usr/local",
+        "/usr/share",
+        "/var/lib",
+        "/var/log",
+        "/System",
+        "/Library",
+        "/Users",
+        "/Applications",
+        "/private",
+        "/Volumes",
+    }
+)
+_SYSTEM_TREES = ("/bin", "/boot", "/etc", "/lib", "/lib32", "/lib64", "/opt", "/sbin", "/usr", "/var/lib")
+_SENSITIVE_SYSTEM = ("/etc", "/boot", "/usr", "/bin", "/sbin", "/lib", "/lib64", "/var/spool/cron", "/sys")
+_SENSITIVE_HOME = (
+    ".ssh",
+    ".bashrc",
+    ".bash_profile",
+    ".bash_login",
+    ".bash_logout",
+    ".profile",
+    ".zshrc",
+    ".zprofile",
+    ".zshenv",
+    ".zlogin",
+    ".kshrc",
+    ".cshrc",
+    ".tcshrc",
+    ".config/fish",
+    ".gitconfig",
+    ".config/git",
+    ".xinitrc",
+    ".xprofile",
+    ".config/autostart",
+    ".config/systemd",
+    ".gnupg",
+)
+_DISK = re.compile(
+    r"^/dev/(sd[a-z]|hd[a-z]|vd[a-z]|xvd[a-z]|nvme\d|mmcblk\d|disk\d|rdisk\d|md\d|dm-\d|mapper/|loop\d|"
+    r"disk/|block/|mem$|kmem$|port$|sr\d|nbd\d|zd\d|bcache\d)"
+)
+_HARMLESS_DEVICES = re.compile(
+    r"^/dev/(null|zero|full|random|urandom|stdout|stderr|stdin|tty|fd/\d+|pts/|shm/)"
+)
+_ALL_OF_A_FOLDER = re.compile(r"^[*?.\[\]!]+$")
+
+
+def is_disk(path: str) -> bool:
+    return _DISK.match(path) is not None
+
+
+def _within(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip("/") + "/")
+
+
+def is_broad(path: Path, user_home: Path) -> bool:
+    """The root, a system folder, a home, or a folder that holds the user's home."""
+    text = str(path)
+    home = str(user_home)
+    return (
+        text in SYSTEM_DIRS
+        or text == home
+        or _within(home, text)
+        or re.fullmatch(r"/(home|Users)/[^/]+", text) is not None
+    )
+
+
+def broad_target(judge: Judge, word: Word) -> str | None:
+    """The broad folder a deletion target stands for (`/`, `~/*`, `/[b]in`), or None."""
+    text = word.text
+    for path in judge.resolve(text):
+        if is_broad(path, judge.user_home):
+            return str(path)
+        if word.pattern:
+            for folder in (*SYSTEM_DIRS, str(judge.user_home)):
+                if fnmatch.fnmatchcase(folder, str(path).rstrip("/")):
+                    return folder
+            parent, last = str(path.parent), path.name
+            if _ALL_OF_A_FOLDER.match(last) and "*" in last and is_broad(Path(parent), judge.user_home):
+                return parent
+    return None
+
+
+def in_system_tree(path: Path) -> bool:
+    return any(_within(str(path), tree) for tree in _SYSTEM_TREES)
+
+
+def _sensitive(path: Path, user_home: Path) -> bool:
+    text = str(path)
+    if any(_within(text, folder) for folder in _SENSITIVE_SYSTEM):
+        return True
+    home = PurePosixPath(user_home)
+    return any(_within(text, str(home / name)) for name in _SENSITIVE_HOME)
+
+
+def _shown(text: str) -> str:
+    return text if len(text) <= 60 else text[:60] + "…"
+
+
+def judge_path_write(judge: Judge, text: str, action: str) -> Verdict:
+    """Judge a write, deletion or change of one static path."""
+    if text.startswith("/dev/"):
+        if _HARMLESS_DEVICES.match(text):
+            return SAFE
+        if is_disk(text):
+            return Verdict("hardline", f"writes raw data onto a disk ({text})", "disk")
+        return Verdict("dangerous", f"{action} a device ({_shown(text)})", "device_write")
+    paths = judge.resolve(text)
+    if any(ch in text for ch in "*?["):
+        for path in list(paths):
+            paths.extend(Path(p) for p in glob.glob(str(path))[:200])
+    for path in paths:
+        reason = protected_reason(path, home=judge.home, cwd=path.parent)
+        if reason is not None:
+            return Verdict(
+                "hardline",
+                f"{action} mibyan's own files ({_shown(str(path))}), which only you may change",
+                "protected",
+            )
+        if str(path) == "/proc/sysrq-trigger":
+            return Verdict(
+                "hardline", "can crash or restart the machine at once (/proc/sysrq-trigger)", "power"
+            )
+    for path in paths:
+        if _sensitive(path, judge.user_home):
+            return Verdict(
+                "dangerous", f"{action} a system or shell start-up file ({_shown(text)})", "sensitive_write"
+            )
+    return SAFE
+
+
+def judge_write_word(judge: Judge, word: Word, action: str, *, cwd_unknown: bool) -> Verdict:
+    """Judge a write target word; a target only known at run time is asked about."""
+    if word.dynamic:
+        for guess in word.guesses:
+            verdict = judge_path_write(judge, guess, action)
+            if verdict.tier == "hardline":
+                return verdict
+        return Verdict(
+            "dangerous",
+            f"{action} a file whose name is only known when it runs ({_shown(word.text)})",
+            "dynamic_write",
+        )
+    verdict = judge_path_write(judge, word.text, action)
+    if verdict.tier == "safe" and cwd_unknown and not os.path.isabs(word.text):
+        return Verdict(
+            "dangerous",
+            f"{action} a file in a folder only known when it runs ({_shown(word.text)})",
+            "dynamic_write",
+        )
+    return verdict

@@ -1,0 +1,404 @@
+"""What each command does that may need the user: the rules the command judge applies to one command.
+
+A rule sees the command's words (see tools/command_words.py) and what it reads on standard input. Rules
+for wrappers (`sudo`, `env`, `nice`, `timeout`, `busybox`, ...) find the command they run and judge that;
+rules for shells and interpreters judge the code they run (tools/command_code.py); the others judge the
+command's own effect, including every file it writes (tools/command_paths.py).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+
+from mibyan.tools.approval import SAFE, Verdict
+from mibyan.tools.command_code import (
+    INTERPRETERS,
+    SHELLS,
+    is_interpreter,
+    judge_awk,
+    judge_interpreter,
+    judge_shell,
+)
+from mibyan.tools.command_paths import broad_target, in_system_tree, is_disk
+from mibyan.tools.command_targets import TARGET_RULES, operands
+from mibyan.tools.command_words import Feed, Judge, Word, combine, command_name, split_options
+
+Rule = Callable[[Judge, str, list[Word], Feed], Verdict]
+
+# wrapper name -> (options that take a value, positional words before the command it runs)
+_WRAPPERS: dict[str, tuple[frozenset[str], int]] = {
+    name: (frozenset(valued.split()), skip)
+    for name, valued, skip in [
+        ("sudo", "-u -g -C -h -p -r -t -U -D -R -T --user --group --host --prompt --role --chdir", 0),
+        ("doas", "-u -C", 0),
+        ("pkexec", "--user", 0),
+        ("run0", "-u -D --user --unit --property --description --slice --chdir --setenv", 0),
+        ("nice", "-n --adjustment", 0),
+        ("ionice", "-c -n -p -P -u -t --class --classdata", 0),
+        ("timeout", "-s -k --signal --kill-after", 1),
+        ("nohup", "", 0),
+        ("time", "-f -o --format --output", 0),
+        ("exec", "-a", 0),
+        ("builtin", "", 0),
+        ("coproc", "", 0),
+        ("stdbuf", "-i -o -e --input --output --error", 0),
+        ("chronic", "", 0),
+        ("unbuffer", "", 0),
+        ("setsid", "", 0),
+        ("caffeinate", "-w -t", 0),
+        ("strace", "-o -e -p -s -u -a -b -E -I -O -P -S -X", 0),
+        ("ltrace", "-o -e -p -s -u -a -n", 0),
+        ("chroot", "--userspec --groups", 1),
+        ("unshare", "", 0),
+        ("nsenter", "-t -S -G --target", 0),
+        ("systemd-run", "-p -u -E --unit --property --description --slice --setenv -M", 0),
+        ("firejail", "", 0),
+        ("busybox", "", 0),
+        ("toybox", "", 0),
+        ("flock", "-w -E --timeout --conflict-exit-code", 1),
+        ("taskset", "", 1),
+        ("valgrind", "", 0),
+        ("catchsegv", "", 0),
+        ("xvfb-run", "-n -s -e -f -p", 0),
+    ]
+}
+_ELEVATING = {"sudo", "doas", "pkexec", "run0"}
+_POWER = {"shutdown", "reboot", "halt", "poweroff"}
+_DISK_TOOLS = {"fdisk", "sfdisk", "cfdisk", "parted", "gdisk", "sgdisk", "blkdiscard", "badblocks", "shred"}
+_ADMIN = {
+    "su",
+    "passwd",
+    "visudo",
+    "usermod",
+    "userdel",
+    "useradd",
+    "groupdel",
+    "chpasswd",
+    "chsh",
+    "runuser",
+}
+_SQL_CLIENTS = {"psql", "mysql", "mariadb", "sqlite3", "sqlcmd", "duckdb", "clickhouse-client", "cockroach"}
+_SQL = re.compile(
+    r"\b(drop\s+(table|database|schema)|truncate\s+(table\s+)?\w|delete\s+from\s+[\w.\"`]+\s*(;|$)|"
+    r"flushall|flushdb|dropdatabase)",
+    re.IGNORECASE,
+)
+
+
+def _sudo(name: str) -> Verdict:
+    return Verdict("dangerous", f"runs a command as root ({name})", "sudo")
+
+
+def _wrapper(j: Judge, name: str, args: list[Word], feed: Feed) -> Verdict:
+    valued, skip = _WRAPPERS[name]
+    flags, _, start = split_options(args, valued=valued)
+    texts = [w.text for w in args]
+    for option in ("-c", "--command"):
+        if name == "flock" and option in texts[:-1]:
+            return j.script(texts[texts.index(option) + 1], feed)
+    if name == "taskset" and "-p" in flags:
+        return SAFE
+    inner = j.run(args[start + skip :], feed)
+    if name in _ELEVATING:
+        return combine([_sudo(name), inner])
+    return inner
+
+
+def _env(j: Judge, name: str, args: list[Word], feed: Feed) -> Verdict:
+    i = 0
+    while i < len(args):
+        text = args[i].text
+        if text in ("-u", "-C", "--unset", "--chdir"):
+            i += 2
+        elif text in ("-S", "--split-string") or text.startswith(("-S", "--split-string=")):
+            split = text.partition("=")[2] if "=" in text else text[2:]
+            if not split and i + 1 < len(args):
+                split, i = args[i + 1].text, i + 1
+            # `env -S "rm -rf /"`: the string is split into words like a tiny shell
+            return j.script(" ".join([split, *(w.text for w in args[i + 1 :])]), feed)
+        elif text.startswith("-") or re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", text):
+            i += 1
+        else:
+            break
+    return j.run(args[i:], feed)
+
+
+def _command(j: Judge, name: str, args: list[Word], feed: Feed) -> Verdict:
+    flags, _, start = split_options(args)
+    if "-v" in flags or "-V" in flags:
+        return SAFE  # only says where the command is
+    return j.run(args[start:], feed)
+
+
+def _watch(j: Judge, name: str, args: list[Word], feed: Feed) -> Verdict:
+    _, _, start = split_options(args, valued={"-n", "--interval", "-q", "--equexit"})
+    return j.script(" ".join(w.text for w in args[start:]), feed)
+
+
+def _eval(j: Judge, name: str, args: list[Word], feed: Feed) -> Verdict:
+    if not any(w.dynamic for w in args):
+        return j.script(" ".join(w.text for w in args), feed)
+    for guesses in _guess_lines(args):
+        verdict = j.script(guesses, feed)
+        if verdict.tier == "hardline":
+            return verdict
+    return Verdict("dangerous", "runs shell code that is only known when it runs (eval)", "dynamic_command")
+
+
+def _guess_lines(args: Sequence[Word]) -> list[str]:
+    lines = [""]
+    for word in args:
+        options = word.guesses if word.dynamic else (word.text,)
+        lines = [f"{line} {option}".strip() for line in lines for option in options][:16]
+    return lines
+
+
+def _alias_or_trap(j: Judge, name: str, args: list[Word], feed: Feed) -> Verdict:
+    if name == "alias":
+        return combine(j.script(w.text.partition("=")[2]) for w in args if "=" in w.text)
+    code = [w for w in args if not w.text.startswith("-")]
+    return j.script(code[0].text) if code else SAFE
+
+
+def _source(j: Judge, name: str, args: list[Word], feed: Feed) -> Verdict:
+    return judge_shell(j, "sh", args[:1], feed)
+
+
+def _ssh(j: Judge, name: str, args: list[Word], feed: Feed) -> Verdict:
+    valued = {
+        "-b",
+        "-c",
+        "-D",
+        "-E",
+        "-e",
+        "-F",
+        "-I",
+        "-i",
+        "-J",
+        "-L",
+        "-l",
+        "-m",
+        "-O",
+        "-o",
+        "-p",
+        "-Q",
+        "-R",
+        "-S",
+        "-W",
+        "-w",
+        "-B",
+    }
+    _, _, start = split_options(args, valued=valued)
+    findings = []
+    for option in (w.text for w in args if w.text.lower().startswith(("proxycommand=", "localcommand="))):
+        findings.append(j.script(option.partition("=")[2]))
+    remote = j.script(" ".join(w.text for w in args[start + 1 :])) if len(args) > start + 1 else SAFE
+    if remote.tier != "safe":
+        findings.append(
+            Verdict("dangerous", f"runs a command on another machine that {remote.reason}", "remote_command")
+        )
+    return combine(findings)
+
+
+def _rm(j: Judge, name: str, args: list[Word], feed: Feed) -> Verdict:
+    flags, _, _ = split_options(args, stop_at_positional=False)
+    targets = operands(args, set())
+    recursive = name == "rm" and bool({"-r", "-R", "--recursive"} & set(flags))
+    findings = [j.write(w, "deletes") for w in targets]
+    if recursive or name in ("rmdir",):
+        for word in targets:
+            guessed = (broad_target(j, Word(g)) for g in word.guesses)
+            broad = broad_target(j, word) or next((b for b in guessed if b), None)
+            if broad is not None:
+                return Verdict(
+                    "hardline",
+                    f"deletes the root, your home or a system folder ({broad}) and all in it",
+                    "rm_root",
+                )
+    if "--no-preserve-root" in flags:
+        return Verdict("hardline", "deletes the root folder and all in it (rm --no-preserve-root)", "rm_root")
+    if recursive:
+        findings.append(Verdict("dangerous", "deletes a folder and everything in it (rm -r)", "rm_recursive"))
+    elif any(not w.dynamic and any(in_system_tree(p) for p in j.resolve(w.text)) for w in targets):
+        findings.append(Verdict("dangerous", f"deletes files in a system folder ({name})", "rm_system"))
+    return combine(findings)
+
+
+def _disk(j: Judge, name: str, args: list[Word], feed: Feed) -> Verdict:
+    if name.startswith(("mkfs", "mke2fs", "mkswap", "wipefs", "mkdosfs", "mkntfs")):
+        return Verdict("hardline", f"formats or wipes a disk ({name})", "disk")
+    devices = [w.text for w in args if is_disk(w.text) or w.text.startswith("/dev/disk")]
+    listing = any(w.text in ("-l", "--list", "print", "-p") for w in args)
+    if devices and not listing:
+        return Verdict("hardline", f"rewrites or wipes a disk ({name} {devices[0]})", "disk")
+    return combine(j.write(w, "destroys") for w in args if name == "shred" and not w.text.startswith("-"))
+
+
+def _dd(j: Judge, name: str, args: list[Word], feed: Feed) -> Verdict:
+    return combine(
+        j.write(Word(w.text[3:], w.dynamic, w.pattern, tuple(g[3:] for g in w.guesses)), "writes to")
+        for w in args
+        if w.text.startswith("of=")
+    )
+
+
+def _power(j: Judge, name: str, args: list[Word], feed: Feed) -> Verdict:
+    positional = [w.text for w in args if not w.text.startswith("-")]
+    if name in _POWER or (name in ("init", "telinit") and positional[:1] in (["0"], ["6"])):
+        return Verdict("hardline", f"shuts down or restarts the machine ({name})", "power")
+    stops = {"poweroff", "reboot", "halt", "kexec", "suspend", "hibernate", "soft-reboot"}
+    if name in ("systemctl", "loginctl") and positional[:1] and positional[0] in stops:
+        return Verdict("hardline", f"shuts down or restarts the machine ({name} {positional[0]})", "power")
+    return SAFE
+
+
+def _kill(j: Judge, name: str, args: list[Word], feed: Feed) -> Verdict:
+    texts = [w.text for w in args]
+    if name == "killall5":
+        return Verdict("hardline", "kills every process (killall5)", "kill_all")
+    i = 0
+    if texts[:1] and texts[0].startswith("-") and texts[0] != "--":
+        i = 2 if texts[0] in ("-s", "-n", "--signal") else 1
+    pids = [t for t in texts[i:] if t != "--"]
+    if name == "kill" and "-1" in pids:
+        return Verdict("hardline", "kills every process you may kill (kill -1)", "kill_all")
+    return SAFE
+
+
+def _chmod(j: Judge, name: str, args: list[Word], feed: Feed) -> Verdict:
+    flags, _, _ = split_options(args, stop_at_positional=False)
+    positional = [w for w in args if not w.text.startswith("-")]
+    targets = positional if any(f.startswith("--reference") for f in flags) else positional[1:]
+    findings = [j.write(w, "changes the permissions of") for w in targets]
+    if {"-R", "--recursive"} & set(flags):
+        for word in targets:
+            broad = broad_target(j, word)
+            here = any(p in (c, *c.parents) for p in j.resolve(word.text) for c in j.resolve("."))
+            if broad is not None or here:
+                findings.append(
+                    Verdict(
+                        "dangerous",
+                        f"changes the owner or permissions of all files in {broad or word.text} ({name} -R)",
+                        "chmod_broad",
+                    )
+                )
+    return combine(findings)
+
+
+def _admin(j: Judge, name: str, args: list[Word], feed: Feed) -> Verdict:
+    if name == "crontab" and not any(w.text == "-r" for w in args):
+        return SAFE
+    found = Verdict("dangerous", f"changes users or system settings ({name})", "system_admin")
+    _, values, _ = split_options(args, valued={"-c", "--command", "-u", "-s", "-g"})
+    inner = values.get("-c") or values.get("--command")
+    return combine([found, j.script(inner, feed)]) if inner else found
+
+
+def _sql(j: Judge, name: str, args: list[Word], feed: Feed) -> Verdict:
+    texts = [w.text for w in args] + ([feed] if isinstance(feed, str) else [])
+    if any(_SQL.search(text) for text in texts):
+        return Verdict("dangerous", f"drops or empties database tables ({name})", "sql_destructive")
+    return SAFE
+
+
+def _find(j: Judge, name: str, args: list[Word], feed: Feed) -> Verdict:
+    texts = [w.text for w in args]
+    first_test = next((i for i, t in enumerate(texts) if t.startswith(("-", "(", "!"))), len(texts))
+    roots = args[:first_test] or [Word(".")]
+    broad = next((b for b in (broad_target(j, r) for r in roots) if b), None)
+    findings: list[Verdict] = []
+    i = first_test
+    while i < len(texts):
+        action = texts[i]
+        if action == "-delete":
+            findings += [_find_delete(broad, "find -delete"), *(j.write(r, "deletes") for r in roots)]
+        elif action in ("-exec", "-execdir", "-ok", "-okdir"):
+            end = next((k for k in range(i + 1, len(texts)) if texts[k] in (";", "+")), len(texts))
+            inner = args[i + 1 : end]
+            if inner and command_name(inner[0]) in ("rm", "unlink", "shred", "rmdir"):
+                findings.append(_find_delete(broad, f"find {action} {command_name(inner[0])}"))
+                findings += [j.write(r, "deletes") for r in roots]
+            findings.append(j.run(inner, None))
+            i = end
+        elif action in ("-fprint", "-fprint0", "-fprintf", "-fls") and i + 1 < len(args):
+            findings.append(j.write(args[i + 1], "writes to"))
+        i += 1
+    return combine(findings)
+
+
+def _find_delete(broad: str | None, how: str) -> Verdict:
+    if broad is not None:
+        return Verdict("hardline", f"deletes everything under {broad} ({how})", "rm_root")
+    return Verdict("dangerous", f"deletes every file find matches ({how})", "find_delete")
+
+
+def _xargs(j: Judge, name: str, args: list[Word], feed: Feed) -> Verdict:
+    valued = {"-a", "-d", "-E", "-e", "-I", "-L", "-l", "-n", "-P", "-s", "--arg-file", "--delimiter"}
+    valued |= {"--max-args", "--max-procs", "--max-lines", "--max-chars", "--replace", "--eof"}
+    _, _, start = split_options(args, valued=valued)
+    inner = [*args[start:], Word("{input}", dynamic=True)]
+    if len(inner) == 1:
+        return SAFE  # runs echo
+    verdict = j.run(inner, None)
+    if command_name(inner[0]) in ("rm", "unlink", "shred", "rmdir") and verdict.tier != "hardline":
+        lists = Verdict(
+            "dangerous", f"deletes every file another command lists (xargs {inner[0].text})", "find_delete"
+        )
+        return combine([lists, *(v for v in [verdict] if v.key != "dynamic_write")])
+    return verdict
+
+
+def _git(j: Judge, name: str, args: list[Word], feed: Feed) -> Verdict:
+    from mibyan.tools.command_git import judge_git
+
+    return judge_git(j, args, feed)
+
+
+_RULES: dict[str, Rule] = {
+    **dict.fromkeys(_WRAPPERS, _wrapper),
+    "env": _env,
+    "command": _command,
+    "watch": _watch,
+    "eval": _eval,
+    "alias": _alias_or_trap,
+    "trap": _alias_or_trap,
+    "source": _source,
+    ".": _source,
+    "ssh": _ssh,
+    "rm": _rm,
+    "unlink": _rm,
+    "rmdir": _rm,
+    **dict.fromkeys(_DISK_TOOLS, _disk),
+    "dd": _dd,
+    **dict.fromkeys([*_POWER, "init", "telinit", "systemctl", "loginctl"], _power),
+    **dict.fromkeys(["kill", "pkill", "killall", "killall5"], _kill),
+    **dict.fromkeys(["chmod", "chown", "chgrp", "chattr"], _chmod),
+    **dict.fromkeys([*_ADMIN, "crontab"], _admin),
+    **dict.fromkeys(_SQL_CLIENTS, _sql),
+    "find": _find,
+    "xargs": _xargs,
+    "git": _git,
+    **dict.fromkeys(SHELLS, lambda j, name, args, feed: judge_shell(j, name, args, feed)),
+    **dict.fromkeys(["awk", "gawk", "mawk", "nawk"], lambda j, name, args, feed: judge_awk(j, args)),
+    **TARGET_RULES,
+}
+KNOWN_NAMES = frozenset([*_RULES, *INTERPRETERS, "mkfs", "mke2fs", "mkswap", "wipefs"])
+
+
+def _rule_for(name: str) -> Rule | None:
+    rule = _RULES.get(name)
+    if rule is not None:
+        return rule
+    if name.startswith(("mkfs", "mke2fs", "mkswap", "wipefs", "mkdosfs", "mkntfs")):
+        return _disk
+    if is_interpreter(name):
+        return lambda j, name, args, feed: judge_interpreter(j, name, args, feed)
+    return None
+
+
+def judge_invocation(j: Judge, words: Sequence[Word], feed: Feed) -> Verdict:
+    """Judge one command whose name is known: the rule for its name, or safe when it has none."""
+    name = command_name(words[0])
+    rule = _rule_for(name)
+    return rule(j, name, list(words[1:]), feed) if rule is not None else SAFE

@@ -1,0 +1,136 @@
+"""Which words of a command are files it writes: `tee FILE`, `cp SRC DEST`, `sed -i ... FILE`, `touch`, ...
+
+Each target is judged by tools/command_paths.py (a disk, a start-up file, mibyan's own files, or a name
+only known at run time). Commands that move or link files also have their sources judged: `mv` takes
+the source away, and a link into mibyan's home would let a later write reach it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from mibyan.tools.approval import Verdict
+from mibyan.tools.command_words import Feed, Judge, Word, combine, split_options
+
+_Rule = Callable[[Judge, str, list[Word], Feed], Verdict]
+
+
+def operands(args: list[Word], valued: set[str]) -> list[Word]:
+    """The words that are not options or option values (options may come after operands)."""
+    found: list[Word] = []
+    i = 0
+    ended = False
+    while i < len(args):
+        text = args[i].text
+        if ended or not text.startswith("-") or text == "-":
+            found.append(args[i])
+        elif text == "--":
+            ended = True
+        elif text in valued:
+            i += 1
+        i += 1
+    return found
+
+
+def _each(action: str, valued: str = "") -> _Rule:
+    options = set(valued.split())
+
+    def rule(j: Judge, name: str, args: list[Word], feed: Feed) -> Verdict:
+        return combine(j.write(w, action) for w in operands(args, options))
+
+    return rule
+
+
+def _copy(j: Judge, name: str, args: list[Word], feed: Feed) -> Verdict:
+    """cp, mv, install, ln, rsync, scp: the destination is the last operand, or `-t DIR`."""
+    valued = {"-S", "--suffix", "-m", "--mode", "-o", "-g", "--owner", "--group", "-e", "--rsh", "-P"}
+    valued |= {"-i", "-F", "-l", "-c", "-J", "-o", "--backup"} if name == "scp" else set()
+    _, values, _ = split_options(args, valued={"-t", "--target-directory", *valued}, stop_at_positional=False)
+    given = operands(args, {"-t", "--target-directory", *valued})
+    target = values.get("-t") or values.get("--target-directory")
+    findings = []
+    if target is not None:
+        findings.append(j.write(Word(target), "writes into"))
+        destinations: list[Word] = []
+    else:
+        destinations = given[-1:]
+    for word in destinations:
+        if name in ("scp", "rsync") and ":" in word.text.split("/")[0]:
+            continue  # a remote destination
+        findings.append(j.write(word, "writes to"))
+    moved = given if target is not None else given[:-1]
+    if name in ("mv", "ln"):
+        findings += [j.write(w, "moves or links" if name == "mv" else "links to") for w in moved]
+    rsh = values.get("-e") or values.get("--rsh")
+    if rsh and name == "rsync":
+        findings.append(j.script(rsh))
+    return combine(findings)
+
+
+def _sed(j: Judge, name: str, args: list[Word], feed: Feed) -> Verdict:
+    in_place = any(
+        w.text.startswith(("-i", "--in-place"))
+        or (w.text[:1] == "-" and "i" in w.text[1:] and not w.text.startswith("--"))
+        for w in args
+    )
+    if not in_place:
+        return combine([])
+    scripted = any(w.text in ("-e", "-f", "--expression", "--file") for w in args)
+    given = operands(args, {"-e", "-f", "--expression", "--file", "-l"})
+    files = given if scripted else given[1:]
+    return combine(j.write(w, "edits") for w in files)
+
+
+def _dd_like_output(option: str) -> _Rule:
+    def rule(j: Judge, name: str, args: list[Word], feed: Feed) -> Verdict:
+        findings = []
+        for i, word in enumerate(args):
+            text = word.text
+            if text == option and i + 1 < len(args):
+                findings.append(j.write(args[i + 1], "writes to"))
+            elif text.startswith(option + "=") and option.startswith("--"):
+                findings.append(j.write(Word(text.partition("=")[2], word.dynamic), "writes to"))
+            elif len(option) == 2 and text.startswith(option) and len(text) > 2:
+                findings.append(j.write(Word(text[2:], word.dynamic), "writes to"))
+        return combine(findings)
+
+    return rule
+
+
+def _download(j: Judge, name: str, args: list[Word], feed: Feed) -> Verdict:
+    options = (
+        ("-o", "--output") if name == "curl" else ("-O", "--output-document", "-P", "--directory-prefix")
+    )
+    return combine(_dd_like_output(option)(j, name, args, feed) for option in options)
+
+
+def _extract(j: Judge, name: str, args: list[Word], feed: Feed) -> Verdict:
+    options = ("-C", "--directory") if name == "tar" else ("-d",)
+    findings = [_dd_like_output(option)(j, name, args, feed) for option in options]
+    for word in args:
+        head, _, value = word.text.partition("=")
+        if head in ("--to-command", "--use-compress-program", "--info-script", "--new-volume-script"):
+            findings.append(j.script(value))
+        if head == "--checkpoint-action" and value.startswith("exec="):
+            findings.append(j.script(value[5:]))
+    return combine(findings)
+
+
+TARGET_RULES: dict[str, _Rule] = {
+    "tee": _each("writes to"),
+    "truncate": _each("empties", "-s --size -r --reference"),
+    "touch": _each("creates or changes", "-d -t -r --date --reference"),
+    "mkdir": _each("creates a folder in", "-m --mode"),
+    "patch": _each("patches", "-p -i -o -r -d -B -z --input --output --directory"),
+    "cp": _copy,
+    "mv": _copy,
+    "install": _copy,
+    "ln": _copy,
+    "rsync": _copy,
+    "scp": _copy,
+    "sed": _sed,
+    "curl": _download,
+    "wget": _download,
+    "tar": _extract,
+    "unzip": _extract,
+}

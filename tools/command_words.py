@@ -1,0 +1,137 @@
+"""The vocabulary the command judge and its rules share: words, what a command reads, and verdicts.
+
+A `Word` is one argument as the shell will pass it, as far as it can be known before the command runs:
+quotes and escapes resolved, `~` and `$HOME` expanded. Parts that are only known at run time make the
+word `dynamic`; when the command itself says which values they may take (`a=rm; $a`, `$(echo rm)`, a
+`for` list) those values are its `guesses`, which the judge tries in turn.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from mibyan.tools.approval import SAFE, Verdict
+
+
+@dataclass(frozen=True)
+class Word:
+    """One argument: its static reading, whether part of it is computed at run time, and its guesses."""
+
+    text: str
+    dynamic: bool = False
+    pattern: bool = False
+    guesses: tuple[str, ...] = ()
+
+
+def static(text: str) -> Word:
+    return Word(text)
+
+
+@dataclass(frozen=True)
+class Stream:
+    """Standard input that another command writes while this one runs (`curl ... | sh`)."""
+
+    source: str
+
+
+#: What a command reads on standard input: text known in advance (a heredoc, `echo ... |`), a stream
+#: from another command, or nothing the judge knows of.
+Feed = str | Stream | None
+
+
+class Judge(Protocol):
+    """What a rule may ask of the judge: to judge inner scripts, inner commands and write targets."""
+
+    home: Path
+    user_home: Path
+
+    def script(self, text: str, feed: Feed = None) -> Verdict:
+        """Judge `text` as a shell script (an `sh -c` string, an `eval`, a heredoc fed to a shell)."""
+        ...
+
+    def run(self, words: Sequence[Word], feed: Feed = None) -> Verdict:
+        """Judge a command that another one runs (a wrapper's, `find -exec`'s, `xargs`'s)."""
+        ...
+
+    def write(self, word: Word, action: str) -> Verdict:
+        """Judge `word` as a file the command writes, deletes or changes (`action` names how)."""
+        ...
+
+    def resolve(self, text: str) -> list[Path]:
+        """The absolute paths a static path may mean (relative ones against every directory cd'd to)."""
+        ...
+
+
+def combine(verdicts: Iterable[Verdict]) -> Verdict:
+    """The verdict of several findings: the first hardline one, else every distinct dangerous kind joined.
+
+    Joined kinds keep grants narrow: "git_force_push+rm_recursive" is approved only by that answer or by
+    approvals of both kinds, never by one of them.
+    """
+    dangerous: list[Verdict] = []
+    for verdict in verdicts:
+        if verdict.tier == "hardline":
+            return verdict
+        if verdict.tier == "dangerous" and all(v.key != verdict.key for v in dangerous):
+            dangerous.append(verdict)
+    if not dangerous:
+        return SAFE
+    if len(dangerous) == 1:
+        return dangerous[0]
+    keys = sorted({part for v in dangerous for part in v.key.split("+")})
+    reasons = [v.reason for v in dangerous]
+    reason = " and ".join(reasons[:3]) + (", and more" if len(reasons) > 3 else "")
+    return Verdict("dangerous", reason, "+".join(keys))
+
+
+def split_options(
+    words: Sequence[Word], *, valued: Iterable[str] = (), stop_at_positional: bool = True
+) -> tuple[list[str], dict[str, str], int]:
+    """Read leading options: (single-letter and long flags, option values, index of the first positional).
+
+    `valued` names the options that take a value (`-u`, `--user`); `-uroot`, `--user=root` and
+    `-u root` all work. Clustered letters (`-rf`) come back one by one (`-r`, `-f`).
+    """
+    takes_value = set(valued)
+    flags: list[str] = []
+    values: dict[str, str] = {}
+    i = 0
+    while i < len(words):
+        text = words[i].text
+        if text == "--":
+            return flags, values, i + 1
+        if not text.startswith("-") or text == "-":
+            if stop_at_positional:
+                return flags, values, i
+            i += 1
+            continue
+        if text.startswith("--"):
+            name, eq, value = text.partition("=")
+            flags.append(name)
+            if eq:
+                values[name] = value
+            elif name in takes_value and i + 1 < len(words):
+                values[name] = words[i + 1].text
+                i += 1
+        else:
+            for position, letter in enumerate(text[1:], start=1):
+                option = f"-{letter}"
+                flags.append(option)
+                if option in takes_value:
+                    rest = text[position + 1 :]
+                    if rest:
+                        values[option] = rest
+                    elif i + 1 < len(words):
+                        values[option] = words[i + 1].text
+                        i += 1
+                    break
+        i += 1
+    return flags, values, i
+
+
+def command_name(word: Word) -> str:
+    """The name a command is judged by: its base name, lower-cased (macOS finds `RM` as `rm`)."""
+    return word.text.rsplit("/", 1)[-1].lower()
