@@ -185,6 +185,8 @@ def test_safe_look_alikes_run_without_a_question(command: str) -> None:
         "echo x > {home}/config.yaml",
         "echo x >> $MIBYAN_HOME_GUESS/config.yaml",
         "cd {home} && echo x > config.yaml",
+        "c''d {home}; echo x > config.yaml",
+        "pushd {home} && cp /tmp/x skills/",
         "cp evil.yaml {home}/config.yaml",
         "mv {home}/state.db /tmp/x",
         "ln -s {home}/config.yaml link",
@@ -369,3 +371,20 @@ def test_a_disguised_hardline_command_is_blocked_even_with_yolo(
 
     assert (project / ".mibyan").exists()
     assert _tool_results(result)[0].startswith("blocked: deletes mibyan's own files")
+
+
+def test_the_agents_home_is_off_limits_even_with_yolo(
+    server: ScriptedServer, make_agent, home: Path, tmp_path: Path
+) -> None:
+    # the agent's home is not $MIBYAN_HOME here: the judge must learn it from the running tool call
+    before = (home / "config.yaml").read_text()
+    calls = [
+        ("terminal", {"command": f"echo 'approvals: {{always: [sudo]}}' >> {home}/config.yaml"}),
+        ("terminal", {"command": "echo pwned > config.yaml", "workdir": str(home)}),
+    ]
+    server.add(Reply(tool_calls=calls), Reply(text="ok"))
+
+    result = make_agent(yolo=True).run_conversation("go")
+
+    assert (home / "config.yaml").read_text() == before
+    assert all(r.startswith("blocked: writes to mibyan's own files") for r in _tool_results(result))

@@ -168,12 +168,12 @@ class CommandJudge:
         source = text.encode("utf-8", "surrogatepass")
         tree = _parser().parse(source)
         walk = _Walk(self)
-        outer = (self.reader.misread, self.reader.source)
-        self.reader.misread, self.reader.source = False, source
+        outer = (self.reader.misread, self.reader.source, self.reader.cache)
+        self.reader.misread, self.reader.source, self.reader.cache = False, source, {}
         walk.prepare(tree.root_node)
         walk.node(tree.root_node, feed)
         misread = self.reader.misread
-        self.reader.misread, self.reader.source = outer
+        self.reader.misread, self.reader.source, self.reader.cache = outer
         if tree.root_node.has_error or misread:
             from mibyan.tools.command_loose import loose_verdicts
 
@@ -226,6 +226,10 @@ class _Walk:
             stack.extend(reversed(node.children))
 
     def _learn_cd(self, node: Node) -> None:
+        head = node.child_by_field_name("name")
+        plain = head is not None and head.named_children[0].type == "word" and b"\\" not in (head.text or b"")
+        if head is None or (plain and not (head.text or b"").endswith((b"cd", b"pushd"))):
+            return  # a plain name that is not cd: no need to read the words
         words = self.reader.command_words(node)
         if not words or command_name(words[0]) not in ("cd", "pushd"):
             return

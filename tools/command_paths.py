@@ -7,6 +7,7 @@ command are its targets is the rules' business (tools/command_rules.py).
 from __future__ import annotations
 
 import fnmatch
+import functools
 import glob
 import os
 import re
@@ -130,12 +131,14 @@ def in_system_tree(path: Path) -> bool:
     return any(_within(str(path), tree) for tree in _SYSTEM_TREES)
 
 
+@functools.lru_cache(maxsize=8)
+def _sensitive_prefixes(user_home: Path) -> tuple[str, ...]:
+    return (*_SENSITIVE_SYSTEM, *(str(PurePosixPath(user_home) / name) for name in _SENSITIVE_HOME))
+
+
 def _sensitive(path: Path, user_home: Path) -> bool:
     text = str(path)
-    if any(_within(text, folder) for folder in _SENSITIVE_SYSTEM):
-        return True
-    home = PurePosixPath(user_home)
-    return any(_within(text, str(home / name)) for name in _SENSITIVE_HOME)
+    return any(_within(text, prefix) for prefix in _sensitive_prefixes(user_home))
 
 
 def _shown(text: str) -> str:

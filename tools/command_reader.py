@@ -135,6 +135,7 @@ class WordReader:
         self.values: dict[str, list[str]] = {}
         self.misread = False
         self.source = b""  # the reading being judged, for what the grammar drops
+        self.cache: dict[int, list[Word]] = {}  # command words by node, for the reading being judged
 
     # -- what the script tells about its variables -----------------------------------------------------
 
@@ -169,11 +170,15 @@ class WordReader:
     # -- commands ---------------------------------------------------------------------------------------
 
     def command_words(self, node: Node) -> list[Word]:
+        known = self.cache.get(node.id)
+        if known is not None:
+            return known
         words: list[Word] = []
         for child in node.children:
             if child.is_named and child.type not in _NOT_WORDS:
                 target = child.named_children[0] if child.type == "command_name" else child
                 words.extend(self.words(target))
+        self.cache[node.id] = words
         return words
 
     def statement_words(self, node: Node) -> list[Word]:

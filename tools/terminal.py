@@ -34,11 +34,19 @@ def _sandbox() -> Sandbox | None:
 
 
 def terminal_verdict(args: dict[str, Any]) -> Verdict:
-    verdict = classify_command(str(args.get("command", "")))
     sandbox = _sandbox()
+    workdir = args.get("workdir")
+    # judged in the directory it will run in, so a relative target means the file it will write
+    verdict = classify_command(str(args.get("command", "")), cwd=_run_directory(sandbox, workdir))
     if args.get("outside_sandbox") and verdict.tier != "hardline" and sandbox is not None and sandbox.active:
         return outside_sandbox(verdict)
     return verdict
+
+
+def _run_directory(sandbox: Sandbox | None, workdir: object) -> Path:
+    # the sandbox is rooted at the agent's working directory (a gateway agent's workspace, say): run there
+    base = sandbox.workdir if sandbox is not None else Path.cwd()
+    return base / Path(str(workdir)).expanduser() if workdir else base
 
 
 class _Output:
@@ -95,9 +103,7 @@ def terminal(
             only after the sandbox blocked a command that really must write elsewhere or use the network.
     """
     agent_sandbox = _sandbox()
-    # the sandbox is rooted at the agent's working directory (a gateway agent's workspace, say): run there
-    base = agent_sandbox.workdir if agent_sandbox is not None else Path.cwd()
-    cwd = base / Path(workdir).expanduser() if workdir else base
+    cwd = _run_directory(agent_sandbox, workdir)
     if not cwd.is_dir():
         raise ToolError(f"no such directory: {workdir}")
     sandbox = None if outside_sandbox else agent_sandbox

@@ -1,0 +1,65 @@
+"""The command judge: time to judge a typical command and a long compound one, beside a 2 ms floor.
+
+The first judgement also pays for importing tree-sitter and loading the bash grammar; it is shown apart.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.figures import show  # noqa: E402
+
+FLOOR_MS = [2.0]  # what one judgement may cost: well under the time bash itself takes to start
+TYPICAL = "git status && ls -la src | grep -v __pycache__ > files.txt"
+COMPOUND = "\n".join(
+    [
+        "set -euo pipefail",
+        'for f in $(git ls-files "*.py"); do',
+        '  if grep -q "TODO" "$f"; then echo "$f" >> todo.txt; fi',
+        "done",
+        "build() { make -j4 > build.log 2>&1 || { tail -20 build.log; return 1; }; }",
+        "cd src && build && cd ..",
+        "bash -c 'python3 -m pytest -q | tee test.log'",
+        "cat <<EOF | sh\necho done\nEOF",
+        "find . -name '*.pyc' -exec rm -f {} +",
+        'echo "$(date): $(wc -l < todo.txt) todos" | tee -a report.txt',
+    ]
+)
+
+
+def _first_judgement_ms() -> float:
+    code = (
+        "import time; t = time.perf_counter(); from mibyan.tools.approval import classify_command; "
+        f"classify_command({TYPICAL!r}); print((time.perf_counter() - t) * 1000)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    return float(out.stdout.strip())
+
+
+def _per_command(command: str, runs: int) -> list[float]:
+    from mibyan.tools.approval import classify_command
+
+    classify_command(command)  # warm: the parser exists
+    samples = []
+    for _ in range(runs):
+        began = time.perf_counter()
+        classify_command(command)
+        samples.append((time.perf_counter() - began) * 1000)
+    return samples
+
+
+def main(runs: int = 200) -> None:
+    show("judge a typical command", _per_command(TYPICAL, runs), FLOOR_MS)
+    lines = COMPOUND.count("\n") + 1
+    show(f"judge a {lines}-line compound command", _per_command(COMPOUND, runs // 4), FLOOR_MS)
+    show("  first judgement in a process (imports)", [_first_judgement_ms() for _ in range(3)])
+
+
+if __name__ == "__main__":
+    main()
