@@ -67,7 +67,8 @@ _DELETE_TREE = re.compile(r"rmtree|rm_rf|rm_r\b|remove_tree|rimraf|rmSync|\bfs\.
 _DELETE = re.compile(r"\bunlink|\bremove\s*\(|os\.remove|\brmdir|File\.delete|removedirs")
 _WRITE = re.compile(
     r"open\s*\(|write_text|write_bytes|writeFile|appendFile|File\.write|shutil\.(copy|move)|"
-    r"os\.(rename|replace|chmod|symlink|link)|fopen|file_put_contents|copyFile|rename|symlink|chmod|>>?\s*\""
+    r"os\.(rename|replace|chmod|symlink|link)|fopen|file_put_contents|copyFile|rename|symlink|chmod|>>?\s*\"|"
+    r"connect\s*\(|sqlite"
 )
 _HOME_MARKERS = re.compile(
     r"Path\.home|expanduser|environ\s*\[\s*['\"]HOME|ENV\s*[\[{]\s*['\"]?HOME|homedir|getenv"
@@ -227,9 +228,10 @@ def judge_code(j: Judge, language: str, code: str) -> Verdict:
         commands.append(j.script(" ".join(literals)))
         findings += [Verdict("dangerous", f"starts other programs from {shown}", "inline_code"), *commands]
     if _DELETE_TREE.search(code):
+        quoted = re.findall(r"['\"`]([/~][^'\"`]*)['\"`]", code)  # also inside nested quotes
         broad = _HOME_MARKERS.search(code) is not None or any(
             is_broad(path, j.user_home)
-            for text in literals
+            for text in [*literals, *quoted]
             if text.startswith(("/", "~"))
             for path in j.resolve(_home(j, text))
         )

@@ -74,7 +74,6 @@ _CONTAINERS = {
     "heredoc_body",
     "array",
     "subscript",
-    "variable_assignment",
     "variable_assignments",
     "declaration_command",
     "unset_command",
@@ -100,6 +99,25 @@ _LEAVES = {
     "brace_expression",
 }
 
+_COMMAND_VARIABLES = {
+    "GIT_SSH_COMMAND",
+    "GIT_SSH",
+    "GIT_EDITOR",
+    "GIT_SEQUENCE_EDITOR",
+    "GIT_PAGER",
+    "GIT_EXTERNAL_DIFF",
+    "GIT_ASKPASS",
+    "SSH_ASKPASS",
+    "SUDO_ASKPASS",
+    "EDITOR",
+    "VISUAL",
+    "PAGER",
+    "MANPAGER",
+    "LESSOPEN",
+    "LESSCLOSE",
+    "PROMPT_COMMAND",
+    "FCEDIT",
+}
 _local = threading.local()  # tree-sitter parsers are not thread-safe: one per thread
 
 
@@ -150,7 +168,7 @@ class CommandJudge:
         return judge_write_word(self, word, action, cwd_unknown=self.cwd_unknown)
 
     def resolve(self, text: str) -> list[Path]:
-        path = Path(text)
+        path = Path(re.sub(r"^//+", "/", text))  # normpath keeps a leading "//", which is "/" on Linux
         if path.is_absolute():
             return [Path(os.path.normpath(path))]
         return [Path(os.path.normpath(cwd / path)) for cwd in self.cwds]
@@ -355,6 +373,16 @@ class _Walk:
             return
         self.children(node, None)
 
+    def assignment(self, node: Node, feed: Feed) -> None:
+        """`GIT_SSH_COMMAND='...' git fetch`, `PROMPT_COMMAND=...`: variables whose value is run as code."""
+        name = node.child_by_field_name("name")
+        value = node.child_by_field_name("value")
+        if name is not None and value is not None and (name.text or b"").decode() in _COMMAND_VARIABLES:
+            for word in self.reader.words(value):
+                if not word.dynamic:
+                    self.findings.append(self.judge.script(word.text))
+        self.children(node, None)
+
     def process_substitution(self, node: Node, feed: Feed) -> None:
         # `>(cmd)` reads what the outer command writes, which the judge cannot know
         writes_in = any(c.type == ">(" for c in node.children)
@@ -395,6 +423,7 @@ _HANDLERS: dict[str, Any] = {
     "function_definition": _Walk.function,
     "process_substitution": _Walk.process_substitution,
     "command_substitution": _Walk.substitution,
+    "variable_assignment": _Walk.assignment,
     "file_redirect": lambda walk, node, feed: walk.redirect(node),
     "herestring_redirect": lambda walk, node, feed: walk.children(node, None),
     "heredoc_redirect": lambda walk, node, feed: walk.heredoc_tail(node, node),

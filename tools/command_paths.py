@@ -138,6 +138,8 @@ def _sensitive_prefixes(user_home: Path) -> tuple[str, ...]:
 
 def _sensitive(path: Path, user_home: Path) -> bool:
     text = str(path)
+    if re.search(r"/\.git/(config$|hooks(/|$))", text):
+        return True  # git runs what they name
     return any(_within(text, prefix) for prefix in _sensitive_prefixes(user_home))
 
 
@@ -172,7 +174,7 @@ def judge_path_write(judge: Judge, text: str, action: str) -> Verdict:
     for path in paths:
         if _sensitive(path, judge.user_home):
             return Verdict(
-                "dangerous", f"{action} a system or shell start-up file ({_shown(text)})", "sensitive_write"
+                "dangerous", f"{action} a system, start-up or login file ({_shown(text)})", "sensitive_write"
             )
     return SAFE
 

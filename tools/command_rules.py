@@ -20,8 +20,9 @@ from mibyan.tools.command_code import (
     judge_interpreter,
     judge_shell,
 )
-from mibyan.tools.command_paths import broad_target, in_system_tree, is_disk
-from mibyan.tools.command_targets import TARGET_RULES, operands
+from mibyan.tools.command_paths import broad_target
+from mibyan.tools.command_system import SYSTEM_RULES, judge_disk
+from mibyan.tools.command_targets import TARGET_RULES
 from mibyan.tools.command_words import Feed, Judge, Word, combine, command_name, split_options
 
 Rule = Callable[[Judge, str, list[Word], Feed], Verdict]
@@ -64,26 +65,6 @@ _WRAPPERS: dict[str, tuple[frozenset[str], int]] = {
     ]
 }
 _ELEVATING = {"sudo", "doas", "pkexec", "run0"}
-_POWER = {"shutdown", "reboot", "halt", "poweroff"}
-_DISK_TOOLS = {"fdisk", "sfdisk", "cfdisk", "parted", "gdisk", "sgdisk", "blkdiscard", "badblocks", "shred"}
-_ADMIN = {
-    "su",
-    "passwd",
-    "visudo",
-    "usermod",
-    "userdel",
-    "useradd",
-    "groupdel",
-    "chpasswd",
-    "chsh",
-    "runuser",
-}
-_SQL_CLIENTS = {"psql", "mysql", "mariadb", "sqlite3", "sqlcmd", "duckdb", "clickhouse-client", "cockroach"}
-_SQL = re.compile(
-    r"\b(drop\s+(table|database|schema)|truncate\s+(table\s+)?\w|delete\s+from\s+[\w.\"`]+\s*(;|$)|"
-    r"flushall|flushdb|dropdatabase)",
-    re.IGNORECASE,
-)
 
 
 def _sudo(name: str) -> Verdict:
@@ -161,6 +142,22 @@ def _alias_or_trap(j: Judge, name: str, args: list[Word], feed: Feed) -> Verdict
     return j.script(code[0].text) if code else SAFE
 
 
+def _editor(j: Judge, name: str, args: list[Word], feed: Feed) -> Verdict:
+    """`vim -c '!rm -rf /'`, `vim +'!cmd'`: an ex command starting with `!` runs a shell command."""
+    commands = [args[i + 1].text for i, w in enumerate(args[:-1]) if w.text in ("-c", "--cmd")]
+    commands += [w.text[1:] for w in args if w.text.startswith("+")]
+    shell = [c.lstrip(": ")[1:] for c in commands if c.lstrip(": ").startswith("!")]
+    return combine(j.script(code) for code in shell)
+
+
+def _script(j: Judge, name: str, args: list[Word], feed: Feed) -> Verdict:
+    """util-linux `script -c CMD`: runs CMD in a shell."""
+    texts = [w.text for w in args]
+    codes = [texts[i + 1] for i, t in enumerate(texts[:-1]) if re.fullmatch(r"-[a-zA-Z]*c|--command", t)]
+    codes += [t.partition("=")[2] for t in texts if t.startswith("--command=")]
+    return combine(j.script(code, feed) for code in codes)
+
+
 def _source(j: Judge, name: str, args: list[Word], feed: Feed) -> Verdict:
     return judge_shell(j, "sh", args[:1], feed)
 
@@ -201,107 +198,6 @@ def _ssh(j: Judge, name: str, args: list[Word], feed: Feed) -> Verdict:
     return combine(findings)
 
 
-def _rm(j: Judge, name: str, args: list[Word], feed: Feed) -> Verdict:
-    flags, _, _ = split_options(args, stop_at_positional=False)
-    targets = operands(args, set())
-    recursive = name == "rm" and bool({"-r", "-R", "--recursive"} & set(flags))
-    findings = [j.write(w, "deletes") for w in targets]
-    if recursive or name in ("rmdir",):
-        for word in targets:
-            guessed = (broad_target(j, Word(g)) for g in word.guesses)
-            broad = broad_target(j, word) or next((b for b in guessed if b), None)
-            if broad is not None:
-                return Verdict(
-                    "hardline",
-                    f"deletes the root, your home or a system folder ({broad}) and all in it",
-                    "rm_root",
-                )
-    if "--no-preserve-root" in flags:
-        return Verdict("hardline", "deletes the root folder and all in it (rm --no-preserve-root)", "rm_root")
-    if recursive:
-        findings.append(Verdict("dangerous", "deletes a folder and everything in it (rm -r)", "rm_recursive"))
-    elif any(not w.dynamic and any(in_system_tree(p) for p in j.resolve(w.text)) for w in targets):
-        findings.append(Verdict("dangerous", f"deletes files in a system folder ({name})", "rm_system"))
-    return combine(findings)
-
-
-def _disk(j: Judge, name: str, args: list[Word], feed: Feed) -> Verdict:
-    if name.startswith(("mkfs", "mke2fs", "mkswap", "wipefs", "mkdosfs", "mkntfs")):
-        return Verdict("hardline", f"formats or wipes a disk ({name})", "disk")
-    devices = [w.text for w in args if is_disk(w.text) or w.text.startswith("/dev/disk")]
-    listing = any(w.text in ("-l", "--list", "print", "-p") for w in args)
-    if devices and not listing:
-        return Verdict("hardline", f"rewrites or wipes a disk ({name} {devices[0]})", "disk")
-    return combine(j.write(w, "destroys") for w in args if name == "shred" and not w.text.startswith("-"))
-
-
-def _dd(j: Judge, name: str, args: list[Word], feed: Feed) -> Verdict:
-    return combine(
-        j.write(Word(w.text[3:], w.dynamic, w.pattern, tuple(g[3:] for g in w.guesses)), "writes to")
-        for w in args
-        if w.text.startswith("of=")
-    )
-
-
-def _power(j: Judge, name: str, args: list[Word], feed: Feed) -> Verdict:
-    positional = [w.text for w in args if not w.text.startswith("-")]
-    if name in _POWER or (name in ("init", "telinit") and positional[:1] in (["0"], ["6"])):
-        return Verdict("hardline", f"shuts down or restarts the machine ({name})", "power")
-    stops = {"poweroff", "reboot", "halt", "kexec", "suspend", "hibernate", "soft-reboot"}
-    if name in ("systemctl", "loginctl") and positional[:1] and positional[0] in stops:
-        return Verdict("hardline", f"shuts down or restarts the machine ({name} {positional[0]})", "power")
-    return SAFE
-
-
-def _kill(j: Judge, name: str, args: list[Word], feed: Feed) -> Verdict:
-    texts = [w.text for w in args]
-    if name == "killall5":
-        return Verdict("hardline", "kills every process (killall5)", "kill_all")
-    i = 0
-    if texts[:1] and texts[0].startswith("-") and texts[0] != "--":
-        i = 2 if texts[0] in ("-s", "-n", "--signal") else 1
-    pids = [t for t in texts[i:] if t != "--"]
-    if name == "kill" and "-1" in pids:
-        return Verdict("hardline", "kills every process you may kill (kill -1)", "kill_all")
-    return SAFE
-
-
-def _chmod(j: Judge, name: str, args: list[Word], feed: Feed) -> Verdict:
-    flags, _, _ = split_options(args, stop_at_positional=False)
-    positional = [w for w in args if not w.text.startswith("-")]
-    targets = positional if any(f.startswith("--reference") for f in flags) else positional[1:]
-    findings = [j.write(w, "changes the permissions of") for w in targets]
-    if {"-R", "--recursive"} & set(flags):
-        for word in targets:
-            broad = broad_target(j, word)
-            here = any(p in (c, *c.parents) for p in j.resolve(word.text) for c in j.resolve("."))
-            if broad is not None or here:
-                findings.append(
-                    Verdict(
-                        "dangerous",
-                        f"changes the owner or permissions of all files in {broad or word.text} ({name} -R)",
-                        "chmod_broad",
-                    )
-                )
-    return combine(findings)
-
-
-def _admin(j: Judge, name: str, args: list[Word], feed: Feed) -> Verdict:
-    if name == "crontab" and not any(w.text == "-r" for w in args):
-        return SAFE
-    found = Verdict("dangerous", f"changes users or system settings ({name})", "system_admin")
-    _, values, _ = split_options(args, valued={"-c", "--command", "-u", "-s", "-g"})
-    inner = values.get("-c") or values.get("--command")
-    return combine([found, j.script(inner, feed)]) if inner else found
-
-
-def _sql(j: Judge, name: str, args: list[Word], feed: Feed) -> Verdict:
-    texts = [w.text for w in args] + ([feed] if isinstance(feed, str) else [])
-    if any(_SQL.search(text) for text in texts):
-        return Verdict("dangerous", f"drops or empties database tables ({name})", "sql_destructive")
-    return SAFE
-
-
 def _find(j: Judge, name: str, args: list[Word], feed: Feed) -> Verdict:
     texts = [w.text for w in args]
     first_test = next((i for i, t in enumerate(texts) if t.startswith(("-", "(", "!"))), len(texts))
@@ -337,7 +233,8 @@ def _xargs(j: Judge, name: str, args: list[Word], feed: Feed) -> Verdict:
     valued = {"-a", "-d", "-E", "-e", "-I", "-L", "-l", "-n", "-P", "-s", "--arg-file", "--delimiter"}
     valued |= {"--max-args", "--max-procs", "--max-lines", "--max-chars", "--replace", "--eof"}
     _, _, start = split_options(args, valued=valued)
-    inner = [*args[start:], Word("{input}", dynamic=True)]
+    given = [Word(w) for w in feed.split()] if isinstance(feed, str) else [Word("{input}", dynamic=True)]
+    inner = [*args[start:], *given]
     if len(inner) == 1:
         return SAFE  # runs echo
     verdict = j.run(inner, None)
@@ -364,18 +261,11 @@ _RULES: dict[str, Rule] = {
     "alias": _alias_or_trap,
     "trap": _alias_or_trap,
     "source": _source,
+    **dict.fromkeys(["vi", "vim", "nvim", "view", "ex", "gvim"], _editor),
+    "script": _script,
     ".": _source,
     "ssh": _ssh,
-    "rm": _rm,
-    "unlink": _rm,
-    "rmdir": _rm,
-    **dict.fromkeys(_DISK_TOOLS, _disk),
-    "dd": _dd,
-    **dict.fromkeys([*_POWER, "init", "telinit", "systemctl", "loginctl"], _power),
-    **dict.fromkeys(["kill", "pkill", "killall", "killall5"], _kill),
-    **dict.fromkeys(["chmod", "chown", "chgrp", "chattr"], _chmod),
-    **dict.fromkeys([*_ADMIN, "crontab"], _admin),
-    **dict.fromkeys(_SQL_CLIENTS, _sql),
+    **SYSTEM_RULES,
     "find": _find,
     "xargs": _xargs,
     "git": _git,
@@ -391,7 +281,7 @@ def _rule_for(name: str) -> Rule | None:
     if rule is not None:
         return rule
     if name.startswith(("mkfs", "mke2fs", "mkswap", "wipefs", "mkdosfs", "mkntfs")):
-        return _disk
+        return judge_disk
     if is_interpreter(name):
         return lambda j, name, args, feed: judge_interpreter(j, name, args, feed)
     return None

@@ -7,6 +7,7 @@ the source away, and a link into mibyan's home would let a later write reach it.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 from mibyan.tools.approval import Verdict
@@ -68,17 +69,37 @@ def _copy(j: Judge, name: str, args: list[Word], feed: Feed) -> Verdict:
 
 
 def _sed(j: Judge, name: str, args: list[Word], feed: Feed) -> Verdict:
+    """`sed -i ... FILE` edits FILE; the script's `e` command runs shell code and `w FILE` writes."""
     in_place = any(
         w.text.startswith(("-i", "--in-place"))
         or (w.text[:1] == "-" and "i" in w.text[1:] and not w.text.startswith("--"))
         for w in args
     )
-    if not in_place:
-        return combine([])
-    scripted = any(w.text in ("-e", "-f", "--expression", "--file") for w in args)
+    texts = [w.text for w in args]
+    expressions = [texts[i + 1] for i, t in enumerate(texts[:-1]) if t in ("-e", "--expression")]
     given = operands(args, {"-e", "-f", "--expression", "--file", "-l"})
-    files = given if scripted else given[1:]
-    return combine(j.write(w, "edits") for w in files)
+    scripted = bool(expressions) or "-f" in texts or "--file" in texts
+    if not scripted and given:
+        expressions, given = [given[0].text], given[1:]
+    findings = [j.write(w, "edits") for w in given if in_place]
+    for script in expressions:
+        for command in _SED_EXEC.findall(script):
+            findings.append(j.script(command) if command.strip() else _SED_RUNS)
+        if _SED_EXEC_FLAG.search(script):
+            findings.append(_SED_RUNS)
+        targets = [*_SED_WRITE.findall(script), *(m[1] for m in _SED_WRITE_FLAG.findall(script))]
+        findings += [j.write(Word(target), "writes to") for target in targets]
+    return combine(findings)
+
+
+_SED_ADDRESS = r"(?:\d+|\$|/(?:[^/\\]|\\.)*/)"
+_SED_COMMAND_START = rf"(?:^|[;{{}}\n])\s*(?:{_SED_ADDRESS}(?:\s*,\s*{_SED_ADDRESS})?)?\s*!?\s*"
+_SED_EXEC = re.compile(_SED_COMMAND_START + r"e(?:[ \t]+([^;}\n]*)|[ \t]*(?=$|[;}\n]))")
+_SED_SUBSTITUTE = r"s(.)(?:(?!\1)[^\\\n]|\\.)*\1(?:(?!\1)[^\\\n]|\\.)*\1[gpIiMm0-9]*"
+_SED_EXEC_FLAG = re.compile(_SED_SUBSTITUTE + "e")
+_SED_WRITE_FLAG = re.compile(_SED_SUBSTITUTE + r"w[ \t]*([^\n]+)")
+_SED_WRITE = re.compile(_SED_COMMAND_START + r"[wW][ \t]+([^\n]+)")
+_SED_RUNS = Verdict("dangerous", "runs shell commands from a sed script", "inline_code")
 
 
 def _dd_like_output(option: str) -> _Rule:
@@ -104,9 +125,23 @@ def _download(j: Judge, name: str, args: list[Word], feed: Feed) -> Verdict:
     return combine(_dd_like_output(option)(j, name, args, feed) for option in options)
 
 
+def _tar_archive(j: Judge, args: list[Word]) -> Verdict:
+    """`tar -cf ARCHIVE` and `tar czf ARCHIVE` write the archive (onto a disk, if that is what it names)."""
+    first = args[0].text
+    letters = first.lstrip("-") if not first.startswith("--") else ""
+    creating = any(c in letters for c in "cru") or any(w.text in ("--create", "--append") for w in args)
+    if not creating:
+        return combine([])
+    if letters and "f" in letters and (not first.startswith("-") or letters.endswith("f")) and len(args) > 1:
+        return j.write(args[1], "writes to")
+    return _dd_like_output("-f")(j, "tar", args[1:], None)
+
+
 def _extract(j: Judge, name: str, args: list[Word], feed: Feed) -> Verdict:
     options = ("-C", "--directory") if name == "tar" else ("-d",)
     findings = [_dd_like_output(option)(j, name, args, feed) for option in options]
+    if name == "tar" and args:
+        findings.append(_tar_archive(j, args))
     for word in args:
         head, _, value = word.text.partition("=")
         if head in ("--to-command", "--use-compress-program", "--info-script", "--new-volume-script"):
