@@ -209,9 +209,8 @@ class CommandJudge:
         """A command whose name is only known at run time: its own kind, unless a guess is hardline."""
         head = words[0]
         guesses = list(head.guesses) or _pattern_guesses(head)
-        if not guesses:
-            guesses = ["rm", "dd"]  # nothing to go on: assume the worst name the arguments fit
-        for guess in guesses[:16]:
+        # the script may give the name other values than those the judge saw: assume the worst as well
+        for guess in [*guesses[:16], "rm", "dd"]:
             verdict = judge_invocation(self, [Word(guess), *words[1:]], feed)
             if verdict.tier == "hardline":
                 return verdict
@@ -228,6 +227,8 @@ class _Walk:
         self.judge = judge
         self.reader = judge.reader
         self.findings: list[Verdict] = []
+        self.functions: dict[str, Node] = {}  # name -> body, of the functions the script defines
+        self.calling: set[int] = set()
 
     def prepare(self, root: Node) -> None:
         """Before judging: learn the values variables are given and the directories the script enters."""
@@ -241,6 +242,10 @@ class _Walk:
                 self.reader.learn_loop(node)
             elif kind == "command":
                 self._learn_cd(node)
+            elif kind == "function_definition":
+                name, body = node.child_by_field_name("name"), node.child_by_field_name("body")
+                if name is not None and body is not None:
+                    self.functions[(name.text or b"").decode(errors="replace")] = body
             stack.extend(reversed(node.children))
 
     def _learn_cd(self, node: Node) -> None:
@@ -286,11 +291,17 @@ class _Walk:
             if child.type == "herestring_redirect":
                 feed = self.reader.herestring(child)
             elif child.type == "file_redirect":
-                self.redirect(child)
+                feed = self.redirect(child) or feed
             else:
                 self.node(child, None)
-        if words:
-            self.findings.append(self.judge.run(words, feed))
+        if not words:
+            return
+        self.findings.append(self.judge.run(words, feed))
+        body = self.functions.get(words[0].text)
+        if body is not None and feed is not None and body.id not in self.calling:
+            self.calling.add(body.id)  # a function reading stdin: judge its body with what it reads
+            self.node(body, feed)
+            self.calling.discard(body.id)
 
     def pipeline(self, node: Node, feed: Feed) -> None:
         stages = [child for child in node.children if child.is_named]
@@ -311,7 +322,7 @@ class _Walk:
         body: Node | None = None
         for child in node.children:
             if child.type == "file_redirect":
-                self.redirect(child)
+                feed = self.redirect(child) or feed
             elif child.type == "herestring_redirect":
                 feed = self.reader.herestring(child)
             elif child.type == "heredoc_redirect":
@@ -340,19 +351,25 @@ class _Walk:
             else:
                 self.node(child, None)
 
-    def redirect(self, node: Node) -> None:
+    def redirect(self, node: Node) -> Feed:
+        """Judge a redirection's write target; returns what it feeds the command (`< <(curl ...)`)."""
         operator = next((c.type for c in node.children if not c.is_named), "")
         targets = [c for c in node.children if c.is_named and c.type != "file_descriptor"]
         for target in targets:
             self.node(target, None)
+        if targets and operator == "<" and targets[0].type == "process_substitution":
+            inner = [c for c in targets[0].named_children if c.type != "comment"]
+            words = self.reader.statement_words(inner[0]) if len(inner) == 1 else []
+            return Stream(command_name(words[0]) if words else "")
         if not targets or not any(ch in operator for ch in ">"):
-            return
+            return None
         if operator in (">&", "<&") and targets[0].type == "number":
-            return
+            return None
         for word in self.reader.words(targets[0]):
             if operator.endswith("&") and word.text.lstrip("-").isdigit():
                 continue
             self.findings.append(self.judge.write(word, "writes to"))
+        return None
 
     def function(self, node: Node, feed: Feed) -> None:
         name_node = node.child_by_field_name("name")

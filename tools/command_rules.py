@@ -198,11 +198,18 @@ def _ssh(j: Judge, name: str, args: list[Word], feed: Feed) -> Verdict:
     return combine(findings)
 
 
+# tests that pick some files out of a tree: `find ~ -name '*.pyc' -delete` does not empty the home
+_NARROWING = {"-name", "-iname", "-path", "-ipath", "-wholename", "-regex", "-iregex", "-newer", "-mtime"}
+_NARROWING |= {"-mmin", "-size", "-user", "-group", "-perm", "-empty", "-links", "-inum", "-samefile"}
+_DELETERS = ("rm", "unlink", "shred", "rmdir")
+
+
 def _find(j: Judge, name: str, args: list[Word], feed: Feed) -> Verdict:
     texts = [w.text for w in args]
     first_test = next((i for i, t in enumerate(texts) if t.startswith(("-", "(", "!"))), len(texts))
     roots = args[:first_test] or [Word(".")]
-    broad = next((b for b in (broad_target(j, r) for r in roots) if b), None)
+    narrowed = any(t in _NARROWING for t in texts[first_test:])
+    broad = None if narrowed else next((b for b in (broad_target(j, r) for r in roots) if b), None)
     findings: list[Verdict] = []
     i = first_test
     while i < len(texts):
@@ -212,10 +219,13 @@ def _find(j: Judge, name: str, args: list[Word], feed: Feed) -> Verdict:
         elif action in ("-exec", "-execdir", "-ok", "-okdir"):
             end = next((k for k in range(i + 1, len(texts)) if texts[k] in (";", "+")), len(texts))
             inner = args[i + 1 : end]
-            if inner and command_name(inner[0]) in ("rm", "unlink", "shred", "rmdir"):
+            if inner and command_name(inner[0]) in _DELETERS:
                 findings.append(_find_delete(broad, f"find {action} {command_name(inner[0])}"))
                 findings += [j.write(r, "deletes") for r in roots]
             findings.append(j.run(inner, None))
+            if broad is not None:  # `{}` may be the root itself: `find / -exec sh -c 'rm -rf {}' \;`
+                rooted = j.run([Word(w.text.replace("{}", broad)) for w in inner], None)
+                findings += [rooted] if rooted.tier == "hardline" else []
             i = end
         elif action in ("-fprint", "-fprint0", "-fprintf", "-fls") and i + 1 < len(args):
             findings.append(j.write(args[i + 1], "writes to"))
@@ -230,17 +240,27 @@ def _find_delete(broad: str | None, how: str) -> Verdict:
 
 
 def _xargs(j: Judge, name: str, args: list[Word], feed: Feed) -> Verdict:
+    """xargs runs its command with words read from stdin: known ones when the input is, else unknown ones."""
     valued = {"-a", "-d", "-E", "-e", "-I", "-L", "-l", "-n", "-P", "-s", "--arg-file", "--delimiter"}
     valued |= {"--max-args", "--max-procs", "--max-lines", "--max-chars", "--replace", "--eof"}
-    _, _, start = split_options(args, valued=valued)
-    given = [Word(w) for w in feed.split()] if isinstance(feed, str) else [Word("{input}", dynamic=True)]
-    inner = [*args[start:], *given]
-    if len(inner) == 1:
+    _, values, start = split_options(args, valued=valued)
+    command = args[start:]
+    if not command:
         return SAFE  # runs echo
-    verdict = j.run(inner, None)
-    if command_name(inner[0]) in ("rm", "unlink", "shred", "rmdir") and verdict.tier != "hardline":
+    replace = values.get("-I") or values.get("--replace") or values.get("-i")
+    lines = feed.splitlines()[:8] if isinstance(feed, str) else None
+    if replace and lines is not None:
+        runs = [[Word(w.text.replace(replace, line)) for w in command] for line in lines]
+    elif replace:
+        runs = [[Word(w.text, replace in w.text) for w in command]]
+    elif isinstance(feed, str):
+        runs = [[*command, *(Word(w) for w in feed.split())]]
+    else:
+        runs = [[*command, Word("{input}", dynamic=True)]]
+    verdict = combine(j.run(run, None) for run in runs)
+    if command_name(command[0]) in _DELETERS and verdict.tier != "hardline":
         lists = Verdict(
-            "dangerous", f"deletes every file another command lists (xargs {inner[0].text})", "find_delete"
+            "dangerous", f"deletes every file another command lists (xargs {command[0].text})", "find_delete"
         )
         return combine([lists, *(v for v in [verdict] if v.key != "dynamic_write")])
     return verdict
