@@ -109,13 +109,19 @@ def _code_word(word: Word, judge_text: Callable[[str], Verdict], what: str) -> V
     return Verdict("dangerous", f"runs {what} that is only known when it runs", "dynamic_command")
 
 
-def _script_file(name: str, word: Word) -> Verdict:
+def script_file(j: Judge, name: str, word: Word, judge_text: Callable[[str], Verdict]) -> Verdict:
+    """Running a script file: judged when this very command wrote it, asked when it is only known later."""
     if word.dynamic:
         return Verdict(
             "dangerous",
             f"runs a script that is only known when it runs ({name} {word.text})",
             "pipe_to_shell",
         )
+    content = j.written(word)
+    if isinstance(content, str):
+        return judge_text(content)
+    if content is not None:
+        return Verdict("dangerous", f"runs a script it has just written ({word.text})", "pipe_to_shell")
     return SAFE
 
 
@@ -145,7 +151,7 @@ def judge_shell(j: Judge, name: str, args: list[Word], feed: Feed) -> Verdict:
             else SAFE
         )
     if rest and not reads_stdin and rest[0].text not in _STDIN_FILES:
-        return _script_file(name, rest[0])
+        return script_file(j, name, rest[0], j.script)
     return _stdin_code(name, feed, j.script)
 
 
@@ -190,7 +196,7 @@ def judge_interpreter(j: Judge, name: str, args: list[Word], feed: Feed) -> Verd
         findings.append(_code_word(code, lambda text: judge_code(j, language, text), f"{language} code"))
     if not codes:
         if rest and rest[0].text not in _STDIN_FILES:
-            findings.append(_script_file(name, rest[0]))
+            findings.append(script_file(j, name, rest[0], lambda text: judge_code(j, language, text)))
         else:
             findings.append(_stdin_code(name, feed, lambda text: judge_code(j, language, text)))
     return combine(findings)

@@ -118,6 +118,7 @@ _COMMAND_VARIABLES = {
     "PROMPT_COMMAND",
     "FCEDIT",
 }
+_FILLS = {"writes to", "writes into", "edits", "patches", "creates or changes"}
 _local = threading.local()  # tree-sitter parsers are not thread-safe: one per thread
 
 
@@ -147,6 +148,7 @@ class CommandJudge:
         self.cwds: list[Path] = [cwd]
         self.cwd_unknown = False
         self.depth = 0
+        self.files: dict[Path, Feed] = {}  # what the command writes to files before it may run them
         self.reader = WordReader(user_home=user_home, cwd=cwd)
 
     # -- the Judge protocol ---------------------------------------------------------------------------
@@ -165,7 +167,23 @@ class CommandJudge:
         return self._judge_words(list(words), feed) if words else SAFE
 
     def write(self, word: Word, action: str) -> Verdict:
+        if action in _FILLS:
+            self.wrote(word, None)  # what goes in is unknown unless the caller says (see remember_output)
         return judge_write_word(self, word, action, cwd_unknown=self.cwd_unknown)
+
+    def wrote(self, word: Word, content: Feed, *, append: bool = False) -> None:
+        if word.dynamic:
+            return
+        for path in self.resolve(word.text):
+            before = self.files.get(path)
+            if append and isinstance(before, str) and isinstance(content, str):
+                content = before + content
+            self.files[path] = content if content is not None else Stream("")
+
+    def written(self, word: Word) -> Feed:
+        if word.dynamic:
+            return None
+        return next((self.files[p] for p in self.resolve(word.text) if p in self.files), None)
 
     def resolve(self, text: str) -> list[Path]:
         path = Path(re.sub(r"^//+", "/", text))  # normpath keeps a leading "//", which is "/" on Linux
@@ -332,8 +350,21 @@ class _Walk:
                 body = child
             else:
                 self.node(child, None)
+        self.remember_output(node, body, feed)
         if body is not None:
             self.node(body, feed)
+
+    def remember_output(self, node: Node, body: Node | None, feed: Feed) -> None:
+        """`echo ... > run.sh; sh run.sh`: note what is written, so a later run of the file is judged."""
+        words = self.reader.statement_words(body) if body is not None else []
+        own = next((self.reader.heredoc_text(c) for c in node.children if c.type == "heredoc_redirect"), None)
+        content = static_output(words, own if own is not None else feed) if words else None
+        for child in node.children:
+            operator = next((c.type for c in child.children if not c.is_named), "")
+            target = child.child_by_field_name("destination")
+            if child.type == "file_redirect" and operator in (">", ">>", ">|", "&>", "&>>") and target:
+                for word in self.reader.words(target):
+                    self.judge.wrote(word, content, append=operator.endswith(">>"))
 
     def heredoc_tail(self, heredoc: Node, statement: Node) -> None:
         """`cat <<EOF | sh` puts `| sh` inside the heredoc node: its stages read the statement's output."""

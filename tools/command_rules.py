@@ -19,6 +19,7 @@ from mibyan.tools.command_code import (
     judge_awk,
     judge_interpreter,
     judge_shell,
+    script_file,
 )
 from mibyan.tools.command_paths import broad_target
 from mibyan.tools.command_system import SYSTEM_RULES, judge_disk
@@ -311,4 +312,7 @@ def judge_invocation(j: Judge, words: Sequence[Word], feed: Feed) -> Verdict:
     """Judge one command whose name is known: the rule for its name, or safe when it has none."""
     name = command_name(words[0])
     rule = _rule_for(name)
-    return rule(j, name, list(words[1:]), feed) if rule is not None else SAFE
+    verdict = rule(j, name, list(words[1:]), feed) if rule is not None else SAFE
+    if "/" in words[0].text:  # `./run.sh` that this command wrote
+        verdict = combine([verdict, script_file(j, name, words[0], j.script)])
+    return verdict

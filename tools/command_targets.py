@@ -33,6 +33,14 @@ def operands(args: list[Word], valued: set[str]) -> list[Word]:
     return found
 
 
+def _tee(j: Judge, name: str, args: list[Word], feed: Feed) -> Verdict:
+    files = operands(args, set())
+    verdict = combine(j.write(w, "writes to") for w in files)
+    for word in files:  # after write(), which notes the content as unknown
+        j.wrote(word, feed, append="-a" in (w.text for w in args))
+    return verdict
+
+
 def _each(action: str, valued: str = "") -> _Rule:
     options = set(valued.split())
 
@@ -152,7 +160,7 @@ def _extract(j: Judge, name: str, args: list[Word], feed: Feed) -> Verdict:
 
 
 TARGET_RULES: dict[str, _Rule] = {
-    "tee": _each("writes to"),
+    "tee": _tee,
     "truncate": _each("empties", "-s --size -r --reference"),
     "touch": _each("creates or changes", "-d -t -r --date --reference"),
     "mkdir": _each("creates a folder in", "-m --mode"),

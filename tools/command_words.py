@@ -60,6 +60,14 @@ class Judge(Protocol):
         """Judge `word` as a file the command writes, deletes or changes (`action` names how)."""
         ...
 
+    def wrote(self, word: Word, content: Feed, *, append: bool = False) -> None:
+        """Remember that the command writes `content` (a Stream when unknown) to the file `word`."""
+        ...
+
+    def written(self, word: Word) -> Feed:
+        """What the command wrote earlier to the file `word`: text, a Stream when unknown, else None."""
+        ...
+
     def resolve(self, text: str) -> list[Path]:
         """The absolute paths a static path may mean (relative ones against every directory cd'd to)."""
         ...
