@@ -11,6 +11,7 @@ import re
 from collections.abc import Callable
 
 from mibyan.tools.approval import Verdict
+from mibyan.tools.command_paths import broad_target
 from mibyan.tools.command_words import Feed, Judge, Word, combine, split_options
 
 _Rule = Callable[[Judge, str, list[Word], Feed], Verdict]
@@ -63,10 +64,16 @@ def _copy(j: Judge, name: str, args: list[Word], feed: Feed) -> Verdict:
         destinations: list[Word] = []
     else:
         destinations = given[-1:]
+    deletes = name == "rsync" and any(w.text.startswith("--delete") for w in args)
     for word in destinations:
         if name in ("scp", "rsync") and ":" in word.text.split("/")[0]:
             continue  # a remote destination
         findings.append(j.write(word, "writes to"))
+        broad = broad_target(j, word) if deletes else None
+        if broad is not None:  # `rsync -a --delete empty/ ~/` empties the home
+            return Verdict(
+                "hardline", f"deletes everything in {broad} that the source lacks (rsync --delete)", "rm_root"
+            )
     moved = given if target is not None else given[:-1]
     if name in ("mv", "ln"):
         findings += [j.write(w, "moves or links" if name == "mv" else "links to") for w in moved]
@@ -146,8 +153,12 @@ def _tar_archive(j: Judge, args: list[Word]) -> Verdict:
 
 
 def _extract(j: Judge, name: str, args: list[Word], feed: Feed) -> Verdict:
+    first = args[0].text if args else ""
+    extracting = name == "unzip" or (
+        ("x" in first and not first.startswith("--")) or any(w.text in ("--extract", "--get") for w in args)
+    )
     options = ("-C", "--directory") if name == "tar" else ("-d",)
-    findings = [_dd_like_output(option)(j, name, args, feed) for option in options]
+    findings = [_dd_like_output(option)(j, name, args, feed) for option in options] if extracting else []
     if name == "tar" and args:
         findings.append(_tar_archive(j, args))
     for word in args:
