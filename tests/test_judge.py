@@ -285,6 +285,18 @@ def test_the_terminal_working_directory_counts(tmp_path: Path, monkeypatch: pyte
     assert classify_command("echo x > config.yaml", cwd=tmp_path).tier == "safe"
 
 
+def test_a_command_built_to_exhaust_the_judge_never_runs() -> None:
+    shells = " ".join(["bash", "sh", "zsh", "dash", "ksh", "mksh", "ash", "yash", "posh", "rbash"])
+    multiplying = f'for a in {shells}; do $a -c \'$a -c "$a -c \\"$a -c ls\\""\'; done'
+    assert classify_command(multiplying).key == "too_complex"
+    assert classify_command("(" * 3000 + "ls" + ")" * 3000).tier == "hardline"
+
+
+def test_a_long_plain_script_is_still_judged_whole() -> None:
+    assert classify_command("ls; " * 5000).tier == "safe"
+    assert classify_command("ls; " * 5000 + "rm -rf /").tier == "hardline"
+
+
 def test_reasons_read_after_this_command() -> None:
     reason = classify_command("rm -r build").reason
     assert reason == "deletes a folder and everything in it (rm -r)"

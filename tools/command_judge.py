@@ -42,6 +42,20 @@ MAX_DEPTH = 8  # scripts inside scripts (`sh -c "eval '...'"`) deeper than this 
 _INVISIBLE = dict.fromkeys(map(ord, "\u200b\u200c\u200d\u2060\ufeff\u00ad\u180e"))
 _TOO_DEEP = Verdict("dangerous", "nests scripts too deeply for mibyan to read", "unreadable")
 
+#: Commands and scripts judged for one command line, beyond one per character of it: guesses multiply
+#: (16 shells, each `-c` a script with 16 more), and a command built to exhaust the judge must not run.
+_BUDGET = 4000
+_TOO_COMPLEX = Verdict(
+    "hardline",
+    "is too complex for mibyan to judge (it nests or repeats too much); split it up",
+    "too_complex",
+)
+
+
+class _TooComplex(Exception):
+    """The judge's budget is spent."""
+
+
 _FILLS = {"writes to", "writes into", "edits", "patches", "creates or changes"}
 
 
@@ -77,12 +91,14 @@ class CommandJudge:
         self.cwds: list[Path] = [cwd]
         self.cwd_unknown = False
         self.depth = 0
+        self.budget = _BUDGET
         self.files: dict[Path, Feed] = {}  # what the command writes to files before it may run them
         self.reader = WordReader(user_home=user_home, cwd=cwd)
 
     # -- the Judge protocol ---------------------------------------------------------------------------
 
     def script(self, text: str, feed: Feed = None) -> Verdict:
+        self._spend()
         if self.depth >= MAX_DEPTH:
             return _TOO_DEEP
         self.depth += 1
@@ -93,7 +109,13 @@ class CommandJudge:
 
     def run(self, words: Sequence[Word], feed: Feed = None) -> Verdict:
         # every wrapper consumes a word, so this recursion ends without a depth count
+        self._spend()
         return self._judge_words(list(words), feed) if words else SAFE
+
+    def _spend(self) -> None:
+        self.budget -= 1
+        if self.budget < 0:
+            raise _TooComplex
 
     def write(self, word: Word, action: str) -> Verdict:
         if action in _FILLS:
@@ -185,4 +207,8 @@ def judge(command: str, *, home: Path, cwd: Path, user_home: Path | None = None)
         user_home: the user's home directory (`~`, `$HOME`); the process's own when omitted.
     """
     judge = CommandJudge(home=home, cwd=cwd, user_home=user_home or Path.home())
-    return judge.script(command)
+    judge.budget += len(command)
+    try:
+        return judge.script(command)
+    except (_TooComplex, RecursionError):  # nesting deeper than Python's stack counts as too complex
+        return _TOO_COMPLEX
