@@ -76,6 +76,9 @@ HOSTILE: list[tuple[str, str]] = [
     ("python3 -c 'import shutil, os; shutil.rmtree(os.path.expanduser(\"~\"))'", "hardline"),
     ('python3 -c \'import subprocess; subprocess.run(["rm", "-rf", "/"])\'', "hardline"),
     ("python3 -c 'import os; os.system(\"ls\")'", "dangerous"),
+    ("python3 -c 'from os import system; system(\"rm -rf /\")'", "hardline"),
+    ('python3 -c \'import os; os.execvp("rm", ["rm", "-rf", "/"])\'', "hardline"),
+    ('node -e \'import("child_process").then(m => m.execSync("rm -rf /"))\'', "hardline"),
     ('python3 -c \'__import__("os").system("x")\'', "dangerous"),
     ('node -e \'require("child_process").execSync("rm -rf ~")\'', "hardline"),
     ("ruby -e '`rm -rf /`'", "hardline"),
@@ -205,6 +208,9 @@ SAFE_LOOK_ALIKES = [
     "cd src && ls",
     "echo hello > /dev/null 2>&1",
     "node -e 'console.log(1+1)'",
+    "node -e 'console.log(/a/.exec(\"a\"))'",
+    'python3 -c \'import re; print(re.compile("a").match("a"))\'',
+    "python3 -c 'print(open(\"README.md\").read())'",
     "awk '{print $1}' file.txt",
     "dd if=/dev/zero of=./disk.img bs=1M count=1",
     "find . -type f -exec grep -l TODO {} +",
@@ -389,7 +395,7 @@ _CONTEXTS = [
 ]
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300, deadline=None, database=None)  # no example files in the checkout
 @given(
     core=st.sampled_from(_CORES),
     spell=st.sampled_from(_NAME_SPELLINGS),

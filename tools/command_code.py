@@ -53,12 +53,13 @@ _OPTIONS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "lua": ("e", "l", ()),
 }
 _EXEC = {
-    "python": r"\bos\.(system|popen|exec|spawn|posix_spawn)|subprocess|pty\.spawn|__import__|importlib|"
-    r"getattr\s*\(|\beval\s*\(|\bexec\s*\(|\bcompile\s*\(",
+    # a bare call (`system(...)` after `from os import system`), not a method (`re.compile`, `cur.execute`)
+    "python": r"\bos\.(system|popen|exec|spawn|posix_spawn)|subprocess|\bpty\b|__import__|importlib|ctypes|"
+    r"getattr\s*\(|(?<![\w.])(eval|exec\w*|compile|system|popen|spawn\w*)\s*\(|from\s+os\s+import",
     "perl": r"\bsystem\b|\bexec\b|`|\bqx\b|\bopen\s*\(?[^;]*\||\beval\b",
     "ruby": r"\bsystem\b|\bexec\b|`|%x|IO\.popen|Open3|\bspawn\b|\beval\b|instance_eval|\bsend\s*\(",
-    "node": r"child_process|execSync|spawnSync|\bexec\s*\(|\bspawn\s*\(|execFile|\beval\s*\(|Function\s*\(|"
-    r"\bvm\b|process\.binding|require\s*\(\s*[^'\"]",
+    "node": r"child_process|execSync|spawnSync|(?<![\w.])(exec|spawn|eval)\s*\(|execFile|Function\s*\(|"
+    r"\bvm\b|process\.binding|require\s*\(\s*[^'\"]|\bimport\s*\(",
     "php": r"\bsystem\s*\(|shell_exec|passthru|\bexec\s*\(|proc_open|popen|`|\beval\s*\(|assert\s*\(",
     "lua": r"os\.execute|io\.popen|loadstring|\bload\s*\(",
     "awk": r"\bsystem\s*\(|\|\s*getline|\|&|print[^;}]*\|",
