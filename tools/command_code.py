@@ -92,6 +92,10 @@ def _stdin_code(name: str, feed: Feed, judge_text: Callable[[str], Verdict]) -> 
     if isinstance(feed, str):
         return judge_text(feed)
     if isinstance(feed, Stream):
+        for guess in feed.guesses:
+            verdict = judge_text(guess)
+            if verdict.tier == "hardline":
+                return verdict
         if feed.source in _NETWORK:
             reason = f"runs a script downloaded from the network ({feed.source} | {name})"
         else:

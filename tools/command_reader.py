@@ -199,7 +199,8 @@ class WordReader:
     def herestring(self, node: Node) -> Feed:
         texts = [w for c in node.named_children for w in self.words(c)]
         if any(w.dynamic for w in texts):
-            return Stream("")
+            lines = itertools.product(*(w.guesses if w.dynamic else (w.text,) for w in texts))
+            return Stream("", tuple(" ".join(line) + "\n" for line in itertools.islice(lines, _MAX_GUESSES)))
         return " ".join(w.text for w in texts) + "\n"
 
     def heredoc_text(self, node: Node) -> Feed:
@@ -310,6 +311,39 @@ class WordReader:
         return (output.rstrip("\n"),) if output is not None else ()
 
 
+def _printf(template: str, values: list[str]) -> str:
+    """printf's output: escapes of the format resolved, `%s` as given, `%b` with its escapes resolved.
+
+    Like printf, the format is used again while values are left (`printf '%s\\n' a b`).
+    """
+    pieces = re.findall(r"((?:[^%]|%%)*)(%[-+ #0-9.]*[sbdciouxXfgeEq])?", template)
+    specs = sum(1 for _, spec in pieces if spec)
+    rest = list(values)
+    parts: list[str] = []
+    for _ in range(64):
+        for literal, spec in pieces:
+            parts.append(decode_escapes(literal.replace("%%", "%")))
+            if spec:
+                value = rest.pop(0) if rest else ""
+                parts.append(decode_escapes(value) if spec.endswith("b") else value)
+        if not rest or not specs:
+            break
+    return "".join(parts)
+
+
+def output_guesses(words: Sequence[Word], feed: Feed) -> tuple[str, ...]:
+    """What a command whose words have guesses may print: `static_output` of each reading."""
+    options = [w.guesses if w.dynamic else (w.text,) for w in words]
+    inputs = feed.guesses if isinstance(feed, Stream) and feed.guesses else (feed,)
+    found: list[str] = []
+    for combo in itertools.islice(itertools.product(*options), _MAX_GUESSES):
+        for given in inputs[:4]:
+            text = static_output([Word(t) for t in combo], given)
+            if text is not None and text not in found:
+                found.append(text)
+    return tuple(found)
+
+
 def static_output(words: Sequence[Word], feed: Feed) -> str | None:
     """What a command prints, when that is plain from its words (`echo`, `printf`, `cat <<EOF`, ...)."""
     if any(w.dynamic for w in words):
@@ -323,11 +357,7 @@ def static_output(words: Sequence[Word], feed: Feed) -> str | None:
         text = " ".join(args)
         return (decode_escapes(text) if "e" in flags else text) + ("" if "n" in flags else "\n")
     if name == "printf" and args:
-        rest = iter(args[1:])
-        text = re.sub(
-            r"%%|%[-+ #0-9.]*[sbdciouxXfgeEq]", lambda m: "%" if m[0] == "%%" else next(rest, ""), args[0]
-        )
-        return decode_escapes(text)
+        return _printf(args[0], args[1:])
     if name in ("which", "type") or (name == "command" and args[:1] in (["-v"], ["-V"])):
         found = [a for a in args if not a.startswith("-")]
         return found[0] + "\n" if found else None

@@ -13,7 +13,7 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from mibyan.tools.approval import Verdict
-from mibyan.tools.command_reader import static_output
+from mibyan.tools.command_reader import output_guesses, static_output
 from mibyan.tools.command_words import Feed, Stream, command_name
 
 if TYPE_CHECKING:
@@ -197,7 +197,8 @@ class Walk:
         text = static_output(words, feed if own is None else own) if words else None
         if text is not None:
             return text
-        return Stream(command_name(words[0]) if words else "")
+        guesses = output_guesses(words, feed if own is None else own) if words else ()
+        return Stream(command_name(words[0]) if words else "", guesses)
 
     def redirected(self, node: Node, feed: Feed) -> None:
         body: Node | None = None
@@ -219,6 +220,8 @@ class Walk:
 
     def remember_output(self, node: Node, body: Node | None, feed: Feed) -> None:
         """`echo ... > run.sh; sh run.sh`: note what is written, so a later run of the file is judged."""
+        while body is not None and body.type in ("list", "pipeline") and body.named_children:
+            body = body.named_children[-1]  # `a && b > f`: bash sends only b's output to f
         words = self.reader.statement_words(body) if body is not None else []
         own = next((self.reader.heredoc_text(c) for c in node.children if c.type == "heredoc_redirect"), None)
         content = static_output(words, own if own is not None else feed) if words else None

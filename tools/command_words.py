@@ -32,9 +32,13 @@ def static(text: str) -> Word:
 
 @dataclass(frozen=True)
 class Stream:
-    """Standard input that another command writes while this one runs (`curl ... | sh`)."""
+    """Standard input that another command writes while this one runs (`curl ... | sh`).
+
+    `guesses` are texts it may be, when the writer's words have guesses (`c=...; echo "$c" | sh`).
+    """
 
     source: str
+    guesses: tuple[str, ...] = ()
 
 
 #: What a command reads on standard input: text known in advance (a heredoc, `echo ... |`), a stream
