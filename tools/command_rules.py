@@ -145,7 +145,9 @@ def _alias_or_trap(j: Judge, name: str, args: list[Word], feed: Feed) -> Verdict
 
 def _editor(j: Judge, name: str, args: list[Word], feed: Feed) -> Verdict:
     """`vim -c '!rm -rf /'`, `vim +'!cmd'`: an ex command starting with `!` runs a shell command."""
-    commands = [args[i + 1].text for i, w in enumerate(args[:-1]) if w.text in ("-c", "--cmd")]
+    commands = [
+        args[i + 1].text for i, w in enumerate(args[:-1]) if re.fullmatch(r"-[a-zA-Z]*c|--cmd", w.text)
+    ]
     commands += [w.text[1:] for w in args if w.text.startswith("+")]
     shell = [c.lstrip(": ")[1:] for c in commands if c.lstrip(": ").startswith("!")]
     return combine(j.script(code) for code in shell)

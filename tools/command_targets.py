@@ -161,6 +161,8 @@ def _extract(j: Judge, name: str, args: list[Word], feed: Feed) -> Verdict:
     findings = [_dd_like_output(option)(j, name, args, feed) for option in options] if extracting else []
     if name == "tar" and args:
         findings.append(_tar_archive(j, args))
+    texts = [w.text for w in args]
+    findings += [j.script(texts[i + 1]) for i, t in enumerate(texts[:-1]) if name == "tar" and t == "-I"]
     for word in args:
         head, _, value = word.text.partition("=")
         if head in ("--to-command", "--use-compress-program", "--info-script", "--new-volume-script"):

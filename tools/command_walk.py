@@ -13,6 +13,7 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from mibyan.tools.approval import Verdict
+from mibyan.tools.command_code import script_file
 from mibyan.tools.command_reader import output_guesses, static_output
 from mibyan.tools.command_words import Feed, Stream, command_name
 
@@ -291,10 +292,14 @@ class Walk:
         """`GIT_SSH_COMMAND='...' git fetch`, `PROMPT_COMMAND=...`: variables whose value is run as code."""
         name = node.child_by_field_name("name")
         value = node.child_by_field_name("value")
-        if name is not None and value is not None and (name.text or b"").decode() in _COMMAND_VARIABLES:
+        variable = (name.text or b"").decode(errors="replace") if name is not None else ""
+        if value is not None and variable in _COMMAND_VARIABLES:
             for word in self.reader.words(value):
                 if not word.dynamic:
                     self.findings.append(self.judge.script(word.text))
+        if value is not None and variable in ("BASH_ENV", "ENV"):  # a file every new shell runs first
+            for word in self.reader.words(value):
+                self.findings.append(script_file(self.judge, variable, word, self.judge.script))
         self.children(node, None)
 
     def process_substitution(self, node: Node, feed: Feed) -> None:
