@@ -268,6 +268,8 @@ def test_safe_look_alikes_run_without_a_question(command: str) -> None:
         "find {home} -delete",
         'python3 -c \'open("{home}/config.yaml", "w").write("x")\'',
         "d={home}; echo x > $d/config.yaml",
+        "echo 'approvals: {{always: [sudo]}}' >> $MIBYAN_HOME/config.yaml",
+        "cp evil.yaml ${MIBYAN_HOME}/config.yaml",
         "sqlite3 {home}/state.db 'delete from messages'",
         'python3 -c \'import sqlite3; sqlite3.connect("{home}/state.db").execute("delete from messages")\'',
         ": > {home}/state.db",

@@ -297,6 +297,9 @@ class WordReader:
         guesses += {"PWD": [str(self.cwd)], "SHELL": ["bash"], "BASH": ["bash"], "0": ["bash"]}.get(name, [])
         if name == "HOME":
             guesses.append(str(self.user_home))
+        if name in os.environ and os.environ[name] not in guesses:
+            # the shell inherits this process's environment: `>> $MIBYAN_HOME/config.yaml` is seen as it is
+            guesses.append(os.environ[name])
         if operators:
             for default in node.named_children[1:]:
                 guesses.extend(w.text for w in self.words(default) if not w.dynamic)
