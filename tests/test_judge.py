@@ -270,6 +270,8 @@ def test_safe_look_alikes_run_without_a_question(command: str) -> None:
         "d={home}; echo x > $d/config.yaml",
         "echo 'approvals: {{always: [sudo]}}' >> $MIBYAN_HOME/config.yaml",
         "cp evil.yaml ${MIBYAN_HOME}/config.yaml",
+        'cd "$MIBYAN_HOME" && echo x > config.yaml',
+        "cd $(dirname $MIBYAN_HOME/x) && echo x > config.yaml",
         "sqlite3 {home}/state.db 'delete from messages'",
         'python3 -c \'import sqlite3; sqlite3.connect("{home}/state.db").execute("delete from messages")\'',
         ": > {home}/state.db",
@@ -285,6 +287,11 @@ def test_mibyan_files_are_off_limits(command: str, tmp_path: Path, monkeypatch: 
     verdict = classify_command(command)
     assert (verdict.tier, verdict.key) == ("hardline", "protected"), verdict
     assert "mibyan's own files" in verdict.reason
+
+
+def test_inline_code_that_writes_near_mibyans_files_never_runs() -> None:
+    code = 'import os; open(os.environ["MIBYAN_HOME"] + "/config.yaml", "a").write("x")'
+    assert classify_command(f"python3 -c '{code}'").key == "protected"
 
 
 def test_the_terminal_working_directory_counts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -258,6 +258,8 @@ def judge_code(j: Judge, language: str, code: str) -> Verdict:
     if _DELETE.search(code):
         findings.append(Verdict("dangerous", f"deletes files from {shown}", "inline_code"))
     if findings or _WRITE.search(code):
+        if re.search(r"mibyan", code, re.IGNORECASE):  # a path into mibyan's files, however it is built
+            return Verdict("hardline", f"writes to mibyan's own files from {shown}", "protected")
         findings += [
             j.write(Word(_home(j, text)), "writes to") for text in literals if text and "\n" not in text
         ]

@@ -310,8 +310,12 @@ class WordReader:
         if len(statements) != 1:
             return ()
         words = self.statement_words(statements[0])
-        output = static_output(words, self.statement_feed(statements[0])) if words else None
-        return (output.rstrip("\n"),) if output is not None else ()
+        if not words:
+            return ()
+        feed = self.statement_feed(statements[0])
+        output = static_output(words, feed)
+        outputs = (output,) if output is not None else output_guesses(words, feed)
+        return tuple(text.rstrip("\n") for text in outputs)
 
 
 def _printf(template: str, values: list[str]) -> str:
@@ -364,6 +368,13 @@ def static_output(words: Sequence[Word], feed: Feed) -> str | None:
     if name in ("which", "type") or (name == "command" and args[:1] in (["-v"], ["-V"])):
         found = [a for a in args if not a.startswith("-")]
         return found[0] + "\n" if found else None
+    paths = [a for a in args if not a.startswith("-")]
+    if name in ("dirname", "basename", "realpath", "readlink") and paths:
+        if name == "dirname":
+            return (os.path.dirname(paths[0].rstrip("/")) or ".") + "\n"
+        if name == "basename":
+            return os.path.basename(paths[0].rstrip("/")) + "\n"
+        return os.path.normpath(paths[0]) + "\n"
     if not isinstance(feed, str):
         return None
     if name == "cat" and all(a == "-" for a in args):

@@ -143,6 +143,8 @@ class Walk:
             self.judge.cwds.append(self.judge.user_home)
         elif targets[0].dynamic or targets[0].pattern:
             self.judge.cwd_unknown = True
+            for guess in targets[0].guesses:
+                self.judge.cwds.extend(self.judge.resolve(guess))
         else:
             self.judge.cwds.extend(self.judge.resolve(targets[0].text))
 
