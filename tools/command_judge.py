@@ -34,6 +34,7 @@ from mibyan.tools.command_reader import WordReader
 from mibyan.tools.command_rules import KNOWN_NAMES, judge_invocation
 from mibyan.tools.command_walk import UNREADABLE, Walk
 from mibyan.tools.command_words import Feed, Stream, Word, combine, command_name
+from mibyan.tools.protected import protected_reason
 
 if TYPE_CHECKING:
     from tree_sitter import Parser
@@ -92,6 +93,7 @@ class CommandJudge:
         self.cwd_unknown = False
         self.depth = 0
         self.budget = _BUDGET
+        self._protected: dict[Path, str | None] = {}
         self.files: dict[Path, Feed] = {}  # what the command writes to files before it may run them
         self.reader = WordReader(user_home=user_home, cwd=cwd)
 
@@ -135,6 +137,15 @@ class CommandJudge:
         if word.dynamic:
             return None
         return next((self.files[p] for p in self.resolve(word.text) if p in self.files), None)
+
+    def enter(self, folders: list[Path]) -> None:
+        """The script cd's into one of `folders`: relative paths may be meant from there too."""
+        self.cwds.extend(f for f in folders if f not in self.cwds)
+
+    def protected(self, path: Path) -> str | None:
+        if path not in self._protected:  # resolving follows links on disk: once per path is enough
+            self._protected[path] = protected_reason(path, home=self.home, cwd=path.parent)
+        return self._protected[path]
 
     def resolve(self, text: str) -> list[Path]:
         path = Path(re.sub(r"^//+", "/", text))  # normpath keeps a leading "//", which is "/" on Linux

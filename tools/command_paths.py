@@ -15,7 +15,6 @@ from pathlib import Path, PurePosixPath
 
 from mibyan.tools.approval import SAFE, Verdict
 from mibyan.tools.command_words import Judge, Word
-from mibyan.tools.protected import protected_reason
 
 SYSTEM_DIRS = frozenset(
     {
@@ -132,15 +131,18 @@ def in_system_tree(path: Path) -> bool:
 
 
 @functools.lru_cache(maxsize=8)
-def _sensitive_prefixes(user_home: Path) -> tuple[str, ...]:
-    return (*_SENSITIVE_SYSTEM, *(str(PurePosixPath(user_home) / name) for name in _SENSITIVE_HOME))
+def _sensitive_places(user_home: Path) -> tuple[frozenset[str], tuple[str, ...]]:
+    """The sensitive paths themselves, and the prefixes of what lies inside them."""
+    places = (*_SENSITIVE_SYSTEM, *(str(PurePosixPath(user_home) / name) for name in _SENSITIVE_HOME))
+    return frozenset(places), tuple(place + "/" for place in places)
 
 
 def _sensitive(path: Path, user_home: Path) -> bool:
     text = str(path)
     if re.search(r"/\.git/(config$|hooks(/|$))", text):
         return True  # git runs what they name
-    return any(_within(text, prefix) for prefix in _sensitive_prefixes(user_home))
+    exact, inside = _sensitive_places(user_home)
+    return text in exact or text.startswith(inside)
 
 
 def _shown(text: str) -> str:
@@ -160,7 +162,7 @@ def judge_path_write(judge: Judge, text: str, action: str) -> Verdict:
         for path in list(paths):
             paths.extend(Path(p) for p in glob.glob(str(path))[:200])
     for path in paths:
-        reason = protected_reason(path, home=judge.home, cwd=path.parent)
+        reason = judge.protected(path)
         if reason is not None:
             return Verdict(
                 "hardline",

@@ -140,13 +140,13 @@ class Walk:
             return
         targets = [w for w in words[1:] if not w.text.startswith("-")]
         if not targets:
-            self.judge.cwds.append(self.judge.user_home)
+            self.judge.enter([self.judge.user_home])
         elif targets[0].dynamic or targets[0].pattern:
             self.judge.cwd_unknown = True
             for guess in targets[0].guesses:
-                self.judge.cwds.extend(self.judge.resolve(guess))
+                self.judge.enter(self.judge.resolve(guess))
         else:
-            self.judge.cwds.extend(self.judge.resolve(targets[0].text))
+            self.judge.enter(self.judge.resolve(targets[0].text))
 
     # -- the walk -------------------------------------------------------------------------------------
 

@@ -72,6 +72,10 @@ class Judge(Protocol):
         """What the command wrote earlier to the file `word`: text, a Stream when unknown, else None."""
         ...
 
+    def protected(self, path: Path) -> str | None:
+        """Why `path` is one of mibyan's own files (tools/protected.py), or None."""
+        ...
+
     def resolve(self, text: str) -> list[Path]:
         """The absolute paths a static path may mean (relative ones against every directory cd'd to)."""
         ...
