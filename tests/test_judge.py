@@ -225,6 +225,7 @@ SAFE_LOOK_ALIKES = [
     "sqlite3 app.db .tables",
     "echo 'echo hi' > x.sh; bash x.sh",
     "./configure && make",
+    "echo $'\\8\\9'",  # not octal escapes: bash keeps them as written
     "rsync -a --delete src/ dst/",
     "tar czf backup.tgz -C ~/.mibyan .",
 ]

@@ -123,6 +123,38 @@ def test_no_composition_of_a_dangerous_command_is_safe(core, spell, wrapper, con
         assert after == "hardline", command
 
 
+_PIECES = [
+    *"abcrmf -/~$(){}[]<>|&;'\"`\\\n*?!=#%:.,0189",
+    "$'\\",
+    "rm",
+    "sh -c ",
+    "<<EOF\n",
+    "\nEOF\n",
+    "$(",
+    "${",
+]
+_PIECES += [
+    "<<<",
+    "python3 -c ",
+    "find ",
+    "-exec ",
+    "xargs ",
+    "sudo ",
+    "eval ",
+    "$'\\x",
+    "{a,b}",
+    "> ",
+    "cd ",
+]
+
+
+@settings(max_examples=1000, deadline=None, database=None)
+@given(st.lists(st.sampled_from(_PIECES), max_size=40).map("".join))
+def test_the_judge_reads_any_text_without_failing(text: str) -> None:
+    # "unjudged" is the safety net for a judge that raised: it must never be needed
+    assert classify_command(text).key != "unjudged"
+
+
 # -- through the agent ---------------------------------------------------------------------------------
 
 

@@ -13,6 +13,7 @@ joined ("git_force_push+rm_recursive"), and is approved only when each of its ki
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -41,6 +42,8 @@ class Verdict:
 
 
 SAFE = Verdict("safe")
+_UNJUDGED = Verdict("hardline", "could not be judged by mibyan (see the log)", "unjudged")
+log = logging.getLogger("mibyan.approval")
 OUTSIDE_SANDBOX_REASON = "runs outside the sandbox"
 
 
@@ -74,7 +77,11 @@ def classify_command(command: str, *, cwd: str | Path | None = None) -> Verdict:
         where = Path(cwd).expanduser() if cwd else Path.cwd()
     except FileNotFoundError:  # the process's working directory was deleted
         where = Path("/")
-    return judge(command, home=_current_home(), cwd=where.absolute())
+    try:
+        return judge(command, home=_current_home(), cwd=where.absolute())
+    except Exception:  # a security boundary: a command the judge fails on must not run
+        log.exception("the command judge failed on a command; it is refused")
+        return _UNJUDGED
 
 
 def covered(key: str, approved: Iterable[str]) -> bool:

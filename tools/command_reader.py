@@ -52,7 +52,7 @@ def decode_escapes(text: str) -> str:
         head = code[0]
         if head in "xuU" and len(code) > 1:
             return chr(min(int(code[1:], 16), 0x10FFFF))
-        if head.isdigit():
+        if head in "01234567":
             return chr(int(code, 8))
         if head == "c" and len(code) == 2:
             return chr(ord(code[1].upper()) ^ 0x40)
