@@ -92,7 +92,7 @@ def test_earlier_answers_for_other_kinds_do_not_cover_leaving_the_sandbox(
     asked: list[str] = []
     make_agent(approval_callback=lambda c, r: asked.append(r) or "deny").run_conversation("go")
 
-    assert asked == ["runs outside the sandbox, and recursive delete"]
+    assert asked == ["runs outside the sandbox, and deletes a folder and everything in it (rm -r)"]
     assert places.elsewhere.exists()
 
 
@@ -119,7 +119,8 @@ def test_a_subagent_never_leaves_the_sandbox_on_the_users_behalf(
     asked: list[str] = []
     result = make_agent(approval_callback=lambda c, r: asked.append(r) or "session").run_conversation("go")
 
-    assert asked == ["recursive delete"]  # the parent's own call; the child's request never reached the user
+    # the parent's own call; the child's request never reached the user
+    assert asked == ["deletes a folder and everything in it (rm -r)"]
     assert (places.elsewhere / "keep.txt").exists()
     assert "denied by user" in tool_results(result)[1]
 
