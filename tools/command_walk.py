@@ -302,7 +302,20 @@ class Walk:
         if value is not None and variable in ("BASH_ENV", "ENV"):  # a file every new shell runs first
             for word in self.reader.words(value):
                 self.findings.append(script_file(self.judge, variable, word, self.judge.script))
+        if value is not None:
+            self.quoted_substitution(value)
         self.children(node, None)
+
+    def quoted_substitution(self, value: Node) -> None:
+        """`x='a[$(cmd)]'; echo $((x))`: arithmetic runs the `$(...)` a quoted value hides.
+
+        Only what would never run is kept, since most such values are just text.
+        """
+        for word in self.reader.words(value):
+            if not word.dynamic and ("$(" in word.text or "`" in word.text):
+                verdict = self.judge.script(word.text)
+                if verdict.tier == "hardline":
+                    self.findings.append(verdict)
 
     def process_substitution(self, node: Node, feed: Feed) -> None:
         # `>(cmd)` reads what the outer command writes, which the judge cannot know
