@@ -10,11 +10,16 @@ input (a heredoc, a here-string, `echo ... |`), `find -exec`, `xargs`, inline `p
 
 What cannot be known before the command runs is judged for what it may be: a command name computed at
 run time (`$a`, `$(echo rm)`, `/bin/r?`) is its own kind, "dynamic_command", and the values the
-command itself offers for it (`a=rm`, `for c in rm`) are tried in turn so that a hardline one is
-caught. A parse error or a construct the judge does not know is "ask", never "safe"; a broken tree is
-also read a second, looser way (tools/command_loose.py) so that a hardline command hidden behind a
-syntax error still never runs. The command is judged once as written and once with Unicode folded
-(NFKC, invisible characters and line continuations removed), and the worse reading wins.
+command itself offers for it (`a=rm`, `for c in rm`, `$(printf ...)`, the environment the shell
+inherits) are tried in turn, with the worst names the arguments fit (rm, dd), so that a hardline one
+is caught; a write target only known at run time asks. The judge also remembers what the command
+writes to files and the folders it cd's into, so `echo ... > x.sh; sh x.sh` is judged by the script.
+
+A parse error or a construct the judge does not know is "ask", never "safe"; a broken tree is also
+read a second, looser way (tools/command_loose.py) so that a hardline command hidden behind a syntax
+error still never runs. The command is judged once as written and once with Unicode folded (NFKC,
+invisible characters and line continuations removed), and the worse reading wins. A command that
+spends the judge's budget of work (guesses multiply) or nests deeper than Python's stack never runs.
 """
 
 from __future__ import annotations
