@@ -106,6 +106,12 @@ class SandboxSection(_Section):
     writable_git: bool = False
     backend: Literal["auto", "bubblewrap", "landlock"] = "auto"
 
+    @field_validator("mode", mode="before")
+    @classmethod
+    def _off_unquoted(cls, mode: object) -> object:
+        # YAML 1.1 reads a bare `mode: off` as false; it means the mode "off"
+        return "off" if mode is False else mode
+
 
 class ToolsSection(_Section):
     toolsets: list[str] = ["core"]

@@ -261,3 +261,8 @@ def test_a_one_shot_that_ends_at_once_still_delivers_all_of_a_long_answer(
     assert done.returncode == 0, done.stderr
     assert done.stdout == answer
     assert sorted(p.name for p in home.glob("state.db*")) == ["state.db"]  # the store was closed
+
+
+def test_sandbox_mode_off_may_be_written_without_quotes(tmp_path: Path) -> None:
+    (tmp_path / "config.yaml").write_text("sandbox: {mode: off}\n")
+    assert load_settings(home=tmp_path, cwd=tmp_path, env={}).sandbox.mode == "off"

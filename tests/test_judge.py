@@ -320,3 +320,29 @@ def test_a_long_plain_script_is_still_judged_whole() -> None:
 def test_reasons_read_after_this_command() -> None:
     reason = classify_command("rm -r build").reason
     assert reason == "deletes a folder and everything in it (rm -r)"
+
+
+@pytest.mark.parametrize(
+    ("command", "tier"),
+    [
+        ("mibyan trust .", "hardline"),
+        ("mibyan trust /src/cloned-repo", "hardline"),
+        ("python3 -m mibyan.cli.main trust .", "hardline"),
+        ("python -mmibyan.cli.main trust", "hardline"),
+        ("/opt/venv/bin/mibyan trust --remove /x", "hardline"),
+        ("bash -c 'cd repo && mibyan trust'", "hardline"),
+        ("x=trust; mibyan $x .", "hardline"),
+        ("mibyan chat -q 'clean up' --yolo", "hardline"),
+        ("nohup mibyan chat -c --yolo &", "hardline"),
+        ("mibyan chat $(echo --yolo)", "hardline"),
+        ("mibyan chat -q 'summarise'", "dangerous"),
+        ("mibyan sessions delete 1a2b --yes", "dangerous"),
+        ("mibyan gateway", "dangerous"),
+        ("mibyan trust --list", "safe"),
+        ("mibyan sessions list --json", "safe"),
+        ("mibyan sessions search needle", "safe"),
+        ("mibyan --version", "safe"),
+    ],
+)
+def test_mibyan_itself_run_by_the_model_cannot_grant_itself_trust_or_yolo(command: str, tier: str) -> None:
+    assert classify_command(command).tier == tier, classify_command(command)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import stat
+import sys
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -214,3 +215,27 @@ def test_the_notice_is_one_line_that_cannot_drive_the_terminal(home: Path, proje
     _, notices = load_project(home, project)
     assert len(notices) == 1 and "\n" not in notices[0] and "\x1b" not in notices[0]
     assert "providers.p0\\x1b[2J.base_url" in notices[0] and ", and 8 more —" in notices[0]
+
+
+def test_the_model_cannot_trust_a_project_through_the_terminal_even_with_yolo(
+    server: ScriptedServer, home: Path, project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The sandbox off, so the command judge alone stands between the model and `mibyan trust`.
+    (home / "config.yaml").write_text("agent: {api_max_retries: 0}\nsandbox: {mode: off}\n")
+    write_project_config(project, "hooks: {pre_tool_call: ['os:system']}\n")
+    monkeypatch.chdir(project)
+    monkeypatch.setenv("MIBYAN_HOME", str(home))
+    command = f"cd {project} && {sys.executable} -m mibyan.cli.main trust ."
+    server.add(
+        Reply(tool_calls=[("terminal", {"command": command})]),
+        Reply(text="done"),
+    )
+    from run_agent import AIAgent
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UntrustedConfigWarning)
+        result = AIAgent(base_url=server.base_url, home=home, yolo=True).run_conversation("trust it")
+
+    tool_result = next(m for m in result["messages"] if m["role"] == "tool")["content"]
+    assert "blocked" in tool_result and "trusts" in tool_result
+    assert not (home / "trusted.json").exists()

@@ -14,6 +14,7 @@ import re
 from collections.abc import Callable
 
 from mibyan.tools.approval import SAFE, Verdict
+from mibyan.tools.command_mibyan import is_mibyan_module, judge_mibyan
 from mibyan.tools.command_paths import is_broad
 from mibyan.tools.command_words import Feed, Judge, Stream, Word, combine
 
@@ -181,6 +182,9 @@ def judge_interpreter(j: Judge, name: str, args: list[Word], feed: Feed) -> Verd
             continue
         for position, letter in enumerate(text[1:], start=1):
             if language == "python" and letter == "m":
+                module = text[position + 1 :] or (args[i + 1].text if i + 1 < len(args) else "")
+                if is_mibyan_module(module):
+                    return judge_mibyan(args[i + 1 :] if text[position + 1 :] else args[i + 2 :])
                 return SAFE  # runs an installed module
             in_place |= letter == "i" and language in ("perl", "ruby")
             if letter in code_letters or letter in valued:

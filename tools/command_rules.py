@@ -21,6 +21,7 @@ from mibyan.tools.command_code import (
     judge_shell,
     script_file,
 )
+from mibyan.tools.command_mibyan import judge_mibyan
 from mibyan.tools.command_paths import broad_target
 from mibyan.tools.command_system import SYSTEM_RULES, judge_disk
 from mibyan.tools.command_targets import TARGET_RULES
@@ -292,6 +293,7 @@ _RULES: dict[str, Rule] = {
     "find": _find,
     "xargs": _xargs,
     "git": _git,
+    "mibyan": lambda j, name, args, feed: judge_mibyan(args),
     **dict.fromkeys(SHELLS, lambda j, name, args, feed: judge_shell(j, name, args, feed)),
     **dict.fromkeys(["awk", "gawk", "mawk", "nawk"], lambda j, name, args, feed: judge_awk(j, args)),
     **TARGET_RULES,
