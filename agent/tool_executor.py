@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from agent_state import SessionStore
-from mibyan.agent.adapters.base import Usage
+from mibyan.agent.adapters.base import ToolSchema, Usage
 from mibyan.agent.callbacks import Callbacks
 from mibyan.agent.errors import ToolError
 from mibyan.agent.hooks import Hooks
@@ -87,6 +87,7 @@ class ToolExecutorMixin:
     home: Path
     _signal: InterruptSignal
     _tool_pool: ThreadPoolExecutor | None
+    _tool_schemas: list[ToolSchema]
 
     def _pool(self) -> ThreadPoolExecutor:
         if self._tool_pool is None:
@@ -160,6 +161,12 @@ class ToolExecutorMixin:
         try:
             if plan.spec is None:
                 raise ToolError(f"unknown tool {plan.name!r}")
+            if all(schema.name != plan.name for schema in self._tool_schemas):
+                # Only what the model was offered runs: tools.allow/deny and a subagent's narrower
+                # selection are limits on what runs, not just on what the model is shown.
+                raise ToolError(
+                    f"{plan.name!r} is not one of your tools here; use only the tools you were given"
+                )
             plan.args = parse_arguments(plan.raw_args)
             check_arguments(plan.spec, plan.args)
         except ToolError as exc:
