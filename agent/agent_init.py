@@ -270,7 +270,6 @@ def init_agent(
     agent._estimator = TokenEstimator()
     agent._window = context_window(settings, agent.runtime, home_path)
     agent._context_engine = load_engine(settings, agent._window, agent._estimator, make_summarizer(agent))
-    agent._tool_pool = None
     agent.hooks = Hooks.from_config(settings.hooks)
     agent.approvals = ApprovalPolicy(
         ask=agent.callbacks.approval_callback,

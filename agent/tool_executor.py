@@ -13,12 +13,13 @@ once, running tools are told to stop, and every unfinished call gets an "interru
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_for_futures
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ from mibyan.agent.errors import ToolError
 from mibyan.agent.hooks import Hooks
 from mibyan.agent.interruptible import InterruptSignal
 from mibyan.agent.messages import INTERRUPTED_RESULT, tool_message
+from mibyan.agent.tool_threads import RunningCall, start_call
 from mibyan.agent.turn_state import Continue, Interrupted, TurnState
 from mibyan.config.loader import AgentSettings
 from mibyan.tools import context
@@ -39,6 +41,8 @@ from mibyan.tools.sandbox import Sandbox
 from mibyan.tools.session_tools import search_sessions
 from mibyan.tools.todo import apply_todo
 from model_tools import check_arguments, parse_arguments, run_tool
+
+log = logging.getLogger("mibyan.tools")
 
 _PREVIEW_CHARS = 200
 #: After an interrupt, how long running tools get to stop (kill their processes) before the turn returns.
@@ -86,13 +90,6 @@ class ToolExecutorMixin:
     session_id: str
     home: Path
     _signal: InterruptSignal
-    _tool_pool: ThreadPoolExecutor | None
-
-    def _pool(self) -> ThreadPoolExecutor:
-        if self._tool_pool is None:
-            workers = self.settings.agent.max_parallel_tools
-            self._tool_pool = ThreadPoolExecutor(workers, thread_name_prefix="mibyan-tool")
-        return self._tool_pool
 
     # -- agent-level tools: they read or change the agent's own state ---------------------------------
 
@@ -258,15 +255,15 @@ class ToolExecutorMixin:
         """Run every call of a reply; append each result in the calls' order as soon as it is ready."""
         plans = [self._plan(call) for call in calls]
         results: dict[int, tuple[str, bool]] = {}
-        running: dict[int, tuple[Future[tuple[str, bool]], float]] = {}
+        running: dict[int, RunningCall[tuple[str, bool]]] = {}
         pending = list(range(len(plans)))
         appended = 0
         limit = self.settings.agent.max_parallel_tools
         while True:
-            for index, (future, deadline) in list(running.items()):
-                if future.done():
-                    results[index] = future.result()
-                elif time.monotonic() >= deadline:
+            for index, call in list(running.items()):
+                if call.future.done():
+                    results[index] = call.future.result()
+                elif time.monotonic() >= call.deadline():
                     results[index] = (
                         f"error: {plans[index].name} did not finish within "
                         f"{plans[index].timeout:g} s and was abandoned",
@@ -284,13 +281,17 @@ class ToolExecutorMixin:
                 return self._stop_tools(turn, plans, results, running, appended)
             for index in list(pending):
                 if len(running) < limit and self._can_start(index, plans, set(results), set(running)):
-                    future = self._pool().submit(self._run_with_progress, plans[index], turn)
-                    future.add_done_callback(lambda _f: self._signal.notify())
-                    running[index] = (future, time.monotonic() + plans[index].timeout)
+                    plan = plans[index]
+                    running[index] = start_call(
+                        partial(self._run_with_progress, plan, turn),
+                        timeout=plan.timeout,
+                        on_done=self._signal.notify,
+                    )
                     pending.remove(index)
-            nearest = min(deadline for _, deadline in running.values())
+            nearest = min(call.deadline() for call in running.values())
             self._signal.wait_until(
-                lambda: any(f.done() for f, _ in running.values()), max(0.0, nearest - time.monotonic())
+                lambda: any(call.future.done() for call in running.values()),
+                max(0.0, nearest - time.monotonic()),
             )
 
     def _stop_tools(
@@ -298,17 +299,17 @@ class ToolExecutorMixin:
         turn: TurnState,
         plans: list[PlannedCall],
         results: dict[int, tuple[str, bool]],
-        running: dict[int, tuple[Future[tuple[str, bool]], float]],
+        running: dict[int, RunningCall[tuple[str, bool]]],
         appended: int,
     ) -> Interrupted:
         """After an interrupt: give running tools a moment to stop, then close every call with a result."""
         # The interrupt signal is set, so wait on the futures themselves, not on the signal.
-        wait_for_futures([future for future, _ in running.values()], timeout=_STOP_GRACE)
+        wait_for_futures([call.future for call in running.values()], timeout=_STOP_GRACE)
         for index in range(appended, len(plans)):
             result = results.get(index)
-            future_entry = running.get(index)
-            if result is None and future_entry is not None and future_entry[0].done():
-                result = future_entry[0].result()
+            entry = running.get(index)
+            if result is None and entry is not None and entry.future.done():
+                result = entry.future.result()
             self._append_result(turn, plans[index], *(result or (INTERRUPTED_RESULT, False)), count=False)
         return Interrupted()
 
