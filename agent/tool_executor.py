@@ -205,6 +205,9 @@ class ToolExecutorMixin:
             return cap_result(result, spec.max_result_chars), True
         except ToolError as exc:
             return f"error: {exc}", False
+        except Exception as exc:  # the tool boundary: any failure becomes text for the model, never a crash
+            log.warning("tool %s failed", plan.name, exc_info=exc)
+            return f"error: {type(exc).__name__}: {exc}", False
         finally:
             context.unbind(token)
 

@@ -147,3 +147,28 @@ def test_a_tool_call_that_never_returns_does_not_keep_the_one_shot_process_alive
 
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "gave up on the listing"
+
+
+def test_an_agent_level_tool_that_raises_becomes_error_text(server: ScriptedServer, make_agent) -> None:
+    server.add(Reply(tool_calls=[("session_search", {"query": "bug", "limit": "ten"})]), Reply(text="ok"))
+
+    result = make_agent().run_conversation("search")
+
+    assert result["final_response"] == "ok"
+    (answer,) = tool_results(result)
+    assert answer.startswith("error: ValueError")
+
+
+def test_a_subagent_that_cannot_start_is_an_error_for_the_model(
+    server: ScriptedServer, make_agent, home: Path
+) -> None:
+    agent = make_agent()
+    (home / "config.yaml").write_text("agent: {max_turns: many}\n")  # broken after the parent started
+    server.add(Reply(tool_calls=[("delegate_task", {"goal": "look around"})]), Reply(text="ok"))
+
+    result = agent.run_conversation("delegate")
+
+    assert result["final_response"] == "ok"
+    (answer,) = tool_results(result)
+    assert answer.startswith("error: ConfigError") and "max_turns" in answer
+    assert result["messages"][-2]["role"] == "tool"  # the call has its result; nothing dangles
