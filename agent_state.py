@@ -286,6 +286,12 @@ class SessionStore:
         with self._lock:
             self._db.close()
 
+    def __enter__(self) -> SessionStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def _retry_while_locked(self, action: Callable[[], object], attempts: int = 40) -> None:
         """Run `action`, retrying with jitter while another process holds a lock SQLite won't wait on."""
         for attempt in range(attempts):

@@ -9,6 +9,7 @@ from typing import Any
 from mibyan.agent.adapters.base import ToolSchema
 from mibyan.agent.agent_init import init_agent
 from mibyan.agent.conversation_loop import ConversationLoopMixin
+from mibyan.agent.lifecycle import LifecycleMixin
 from mibyan.agent.prompt_builder import PromptBuilderMixin
 from mibyan.agent.tool_executor import ToolExecutorMixin
 from mibyan.agent.turn_api_call import ApiCallMixin
@@ -31,6 +32,7 @@ class AIAgent(
     RecoveryMixin,
     ToolExecutorMixin,
     PromptBuilderMixin,
+    LifecycleMixin,
 ):
     """A mibyan agent: one provider chain, one tool selection, one session.
 
@@ -51,6 +53,9 @@ class AIAgent(
         yolo: run dangerous commands without asking (hardline ones never run).
         denied_tools: tools this agent may not use, on top of `tools.deny`.
         **callbacks: the callbacks of `agent.callbacks.Callbacks`, by name.
+
+    Use it as a context manager (`with AIAgent(...) as agent:`), or call `close()` when done: it holds a
+    database connection and HTTP connections.
 
     Raises:
         ConfigError: a broken configuration or a missing key, as one line naming the file and key.

@@ -292,6 +292,8 @@ def init_agent(
     agent._system_prompt = None
     agent._custom_prompt = False
     agent._skill_matcher = make_skill_matcher(settings)
+    agent._running = threading.Lock()
+    agent._closed = False
     open_session(agent, session_id, source=source)
 
 

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, assert_never
 
 from agent_state import SessionStore
 from mibyan.agent.adapters.base import NormalizedResponse, ToolSchema
 from mibyan.agent.budget import IterationBudget
 from mibyan.agent.callbacks import Callbacks
-from mibyan.agent.errors import ProviderError
+from mibyan.agent.errors import AgentBusyError, ProviderError
 from mibyan.agent.interruptible import InterruptSignal
 from mibyan.agent.messages import (
     History,
@@ -70,6 +71,8 @@ class ConversationLoopMixin:
     _restore_primary: Callable[[], None]
     _compress_if_needed: Callable[[TurnState | None, float, str], None]
     _fail_over: Callable[[ProviderError], bool]
+    _running: threading.Lock
+    _closed: bool
     store: SessionStore
 
     def interrupt(self) -> None:
@@ -111,10 +114,28 @@ class ConversationLoopMixin:
         Returns:
             final_response, messages, session_id, task_id, api_calls, completed, interrupted,
             exit_reason ("completed" | "budget_exhausted" | "interrupted" | "error"), usage, error.
+
+        Raises:
+            AgentBusyError: this agent is running a conversation on another thread already, or is closed.
         """
-        turn = self._begin_turn(user_message, system_message, conversation_history, task_id)
-        step = self._loop(turn)
-        return self._end_turn(turn, step)
+        with self._one_run_at_a_time():
+            turn = self._begin_turn(user_message, system_message, conversation_history, task_id)
+            step = self._loop(turn)
+            return self._end_turn(turn, step)
+
+    @contextmanager
+    def _one_run_at_a_time(self) -> Iterator[None]:
+        if self._closed:
+            raise AgentBusyError("this agent is closed; create a new AIAgent")
+        if not self._running.acquire(blocking=False):
+            raise AgentBusyError(
+                "this agent is already running a conversation on another thread; "
+                "wait for it to finish, or use one AIAgent per conversation"
+            )
+        try:
+            yield
+        finally:
+            self._running.release()
 
     def _adopt_history(self, messages: list[Message]) -> None:
         """Make `messages` this session's history (stored as such); a leading system message is its prompt."""

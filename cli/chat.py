@@ -188,7 +188,8 @@ def run_chat(args: argparse.Namespace) -> int:
         sys.stderr.write(f"mibyan: {visible(str(exc))}\n")
         return EXIT_USAGE
     try:
-        return _one_shot(agent, prompt, args, progress)
+        with agent:
+            return _one_shot(agent, prompt, args, progress)
     except KeyboardInterrupt:
         sys.stderr.write("\n")
         return EXIT_INTERRUPTED

@@ -149,6 +149,7 @@ def run_delegation(parent: AIAgent, args: dict[str, Any], add_usage: Any) -> str
     finally:
         for child in children:
             parent.release_child(child)
+            child.close()
     for outcome in outcomes:
         if outcome.result is not None:
             add_usage(outcome.result["usage"])

@@ -1,0 +1,42 @@
+"""What an agent opens, closed again: `close()`, and `with AIAgent(...) as agent:`.
+
+An agent owns a SQLite connection (the session store) and an SDK client with its HTTP connections (tool
+calls run on daemon threads and own nothing to close). Whoever is done with an agent closes it: delegation
+its subagents, the chat the agent that /new, /resume or /model replaces, so a long-lived process does not
+collect connections.
+"""
+
+from __future__ import annotations
+
+from types import TracebackType
+from typing import Any, Self
+
+from agent_state import SessionStore
+from mibyan.agent.http_transport import AbortableTransport
+
+
+class LifecycleMixin:
+    """close() and the context manager."""
+
+    store: SessionStore
+    _client: tuple[Any, AbortableTransport] | None
+    _closed: bool
+
+    def close(self) -> None:
+        """Release the agent's database connection and HTTP connections. Safe to call twice."""
+        self._closed = True
+        client, self._client = self._client, None
+        if client is not None:
+            client[0].close()  # the SDK client closes its httpx2 client and, with it, the transport
+        self.store.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
