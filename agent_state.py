@@ -212,16 +212,39 @@ def _insert_session(db: sqlite3.Connection, session_id: str, meta: dict[str, Any
     db.execute(f"INSERT OR IGNORE INTO sessions ({', '.join(columns)}) VALUES ({placeholders})", values)
 
 
+_DEFAULT_BUSY_TIMEOUT = 5.0
+
+
+def _busy_timeout_from_environment() -> float:
+    raw = os.environ.get("MIBYAN_BUSY_TIMEOUT")
+    if not raw:
+        return _DEFAULT_BUSY_TIMEOUT
+    try:
+        seconds = float(raw)
+    except ValueError:
+        raise StoreError(f"MIBYAN_BUSY_TIMEOUT: {raw!r} is not a number of seconds") from None
+    if not 0 <= seconds <= 3600:
+        raise StoreError(f"MIBYAN_BUSY_TIMEOUT: {raw!r} is not between 0 and 3600 seconds")
+    return seconds
+
+
 class SessionStore:
     """The session database. Thread-safe; several processes may use one file at once.
+
+    Args:
+        path: the database file (created 0600, its folder 0700).
+        read_only: open for reading only (a home that cannot be written).
+        busy_timeout: seconds one attempt waits for another process's write lock (three attempts, then
+            a StoreError); `$MIBYAN_BUSY_TIMEOUT`, else 5, when omitted.
 
     Raises:
         StoreError: the file is corrupt, not a database, or cannot be opened; it is never overwritten.
     """
 
-    def __init__(self, path: Path, *, read_only: bool = False) -> None:
+    def __init__(self, path: Path, *, read_only: bool = False, busy_timeout: float | None = None) -> None:
         self.path = path
         self.read_only = read_only
+        self._busy_timeout = busy_timeout if busy_timeout is not None else _busy_timeout_from_environment()
         self._lock = threading.RLock()
         try:
             self._db = self._connect_read_only() if read_only else self._connect()
@@ -236,9 +259,10 @@ class SessionStore:
         private_dir(self.path.parent)
         if not self.path.exists():
             os.close(os.open(self.path, os.O_CREAT | os.O_WRONLY, 0o600))
-        self._db = sqlite3.connect(self.path, timeout=5.0, check_same_thread=False, isolation_level=None)
+        wait = self._busy_timeout
+        self._db = sqlite3.connect(self.path, timeout=wait, check_same_thread=False, isolation_level=None)
         self._db.row_factory = sqlite3.Row
-        self._db.execute("PRAGMA busy_timeout = 5000")
+        self._db.execute(f"PRAGMA busy_timeout = {int(wait * 1000)}")
         self._db.execute("PRAGMA synchronous = NORMAL")
         self._db.execute("PRAGMA foreign_keys = ON")
         self._retry_while_locked(self._enable_wal)
@@ -268,9 +292,9 @@ class SessionStore:
         raise last
 
     @classmethod
-    def open(cls, home: Path) -> SessionStore:
+    def open(cls, home: Path, *, busy_timeout: float | None = None) -> SessionStore:
         private_dir(home)
-        return cls(home / "state.db")
+        return cls(home / "state.db", busy_timeout=busy_timeout)
 
     @classmethod
     def open_for_reading(cls, home: Path) -> SessionStore:
@@ -328,7 +352,7 @@ class SessionStore:
         """
         with self._lock:
             try:
-                # The busy timeout waits 5 s per attempt; a few attempts give a clear error, not a hang.
+                # The busy timeout waits per attempt; a few attempts give a clear error, not a hang.
                 self._retry_while_locked(lambda: self._db.execute("BEGIN IMMEDIATE"), attempts=3)
             except sqlite3.DatabaseError as exc:
                 raise StoreError(self._write_failure(exc)) from None

@@ -98,25 +98,6 @@ class AIAgent(
             callbacks=callbacks,
         )
 
-    def close(self) -> None:
-        """Release what the agent holds: its tool threads, its HTTP connections and the session store.
-
-        Everything it stored was committed as it happened; closing only lets go of the resources.
-        """
-        if self._tool_pool is not None:
-            self._tool_pool.shutdown(wait=False, cancel_futures=True)
-            self._tool_pool = None
-        if self._client is not None:
-            self._client[0].close()
-            self._client = None
-        self.store.close()
-
-    def __enter__(self) -> AIAgent:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     def chat(self, message: str) -> str:
         """Send one message and return the final answer (the simple interface to run_conversation)."""
         return str(self.run_conversation(message)["final_response"] or "")

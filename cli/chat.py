@@ -188,8 +188,7 @@ def run_chat(args: argparse.Namespace) -> int:
         sys.stderr.write(f"mibyan: {visible(str(exc))}\n")
         return EXIT_USAGE
     try:
-        with agent:
-            return _one_shot(agent, prompt, args, progress)
+        return _one_shot(agent, prompt, args, progress)
     except KeyboardInterrupt:
         sys.stderr.write("\n")
         return EXIT_INTERRUPTED
