@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mibyan.agent.adapters.base import ToolSchema
 from mibyan.agent.agent_init import init_agent
@@ -18,6 +18,9 @@ from mibyan.agent.turn_iteration_prep import IterationPrepMixin
 from mibyan.agent.turn_overflow import OverflowMixin
 from mibyan.agent.turn_recovery import RecoveryMixin
 from mibyan.agent.turn_truncation import TruncationMixin
+
+if TYPE_CHECKING:
+    import httpx2
 
 __all__ = ["AIAgent"]
 
@@ -52,6 +55,8 @@ class AIAgent(
         source: who started the session ("cli", "python", "subagent", ...), shown in `mibyan sessions`.
         yolo: run dangerous commands without asking (hardline ones never run).
         denied_tools: tools this agent may not use, on top of `tools.deny`.
+        http_transport: an httpx2 transport for the model calls (e.g. `httpx2.MockTransport` in tests);
+            the default opens real connections.
         **callbacks: the callbacks of `agent.callbacks.Callbacks`, by name.
 
     Use it as a context manager (`with AIAgent(...) as agent:`), or call `close()` when done: it holds a
@@ -77,6 +82,7 @@ class AIAgent(
         source: str = "python",
         yolo: bool = False,
         denied_tools: list[str] | None = None,
+        http_transport: httpx2.BaseTransport | None = None,
         **callbacks: Any,
     ) -> None:
         init_agent(
@@ -95,6 +101,7 @@ class AIAgent(
             source=source,
             yolo=yolo,
             denied_tools=denied_tools,
+            http_transport=http_transport,
             callbacks=callbacks,
         )
 

@@ -228,6 +228,7 @@ def init_agent(
     source: str,
     yolo: bool,
     denied_tools: list[str] | None,
+    http_transport: Any,
     callbacks: dict[str, Any],
 ) -> None:
     """Wire a new AIAgent: settings, provider runtime, adapter, tools, callbacks and session."""
@@ -266,6 +267,7 @@ def init_agent(
     agent._failed_providers = {}
     agent._adapter = adapter_for(agent.runtime.api_mode, settings)
     agent._client = None
+    agent._http_transport = http_transport
     agent._signal = InterruptSignal()
     agent._estimator = TokenEstimator()
     agent._window = context_window(settings, agent.runtime, home_path)

@@ -56,7 +56,9 @@ class ConversationLoopMixin:
     _message_layers: Callable[[str], list[str]]
     _prepare_iteration: Callable[[TurnState], PreparedRequest | Interrupted | BudgetExhausted]
     _call_with_retries: Callable[[TurnState, PreparedRequest], NormalizedResponse | Interrupted | Failed]
-    _call_without_tools: Callable[[TurnState, str, list[Message]], NormalizedResponse | Interrupted | Failed]
+    _call_without_tools: Callable[
+        [TurnState, tuple[Message, ...], tuple[str, ...]], NormalizedResponse | Interrupted | Failed
+    ]
     _handle_truncation: Callable[
         [TurnState, NormalizedResponse, PreparedRequest], NormalizedResponse | Continue | Interrupted | Failed
     ]
@@ -228,8 +230,7 @@ class ConversationLoopMixin:
         if self._signal.is_set():
             return Interrupted()
         note = _SUMMARY_REQUEST.format(limit=self._budget.limit)
-        messages = [*turn.history.messages, user_message(note)]
-        reply = self._call_without_tools(turn, turn.system_prompt, messages)
+        reply = self._call_without_tools(turn, (user_message(note),), ())
         if not isinstance(reply, NormalizedResponse):
             return reply
         text = reply.content or f"Stopped after {self._budget.limit} model calls without a final answer."

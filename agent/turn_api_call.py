@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mibyan.agent.adapters.base import Adapter, CallHandle, NormalizedResponse, WireRequest
 from mibyan.agent.agent_init import ProviderRuntime, build_client
@@ -10,10 +10,13 @@ from mibyan.agent.callbacks import Callbacks, StreamRelay
 from mibyan.agent.hooks import Hooks
 from mibyan.agent.http_transport import AbortableTransport
 from mibyan.agent.interruptible import InterruptSignal, call_interruptibly
-from mibyan.agent.prompt_caching import apply_prompt_caching
+from mibyan.agent.prompt_caching import append_ephemeral_notes, apply_prompt_caching
 from mibyan.agent.tokens import TokenEstimator
 from mibyan.agent.turn_state import PreparedRequest, TurnState
 from mibyan.config.loader import AgentSettings
+
+if TYPE_CHECKING:
+    import httpx2
 
 #: Slack over the SDK's own timeout, so the SDK's clearer timeout error normally wins the race.
 _TIMEOUT_SLACK = 5.0
@@ -27,13 +30,14 @@ class ApiCallMixin:
     callbacks: Callbacks
     _signal: InterruptSignal
     _client: tuple[Any, AbortableTransport] | None
+    _http_transport: httpx2.BaseTransport | None
     _adapter: Adapter
     hooks: Hooks
     _estimator: TokenEstimator
 
     def _sdk_client(self) -> tuple[Any, AbortableTransport]:
         if self._client is None:
-            transport = AbortableTransport()
+            transport = AbortableTransport(self._http_transport)
             self._client = (build_client(self.runtime, self.settings, transport), transport)
         return self._client
 
@@ -60,6 +64,7 @@ class ApiCallMixin:
             )
         )
         body = apply_prompt_caching(body, self.runtime.api_mode)
+        body = append_ephemeral_notes(body, self.runtime.api_mode, request.notes)
         self.hooks.before_llm(request.messages, request.tools)
         client = self._sdk_client()
         sdk = client[0]

@@ -165,11 +165,20 @@ class ApiErrorMixin:
             return outcome
 
     def _call_without_tools(
-        self, turn: TurnState, system_prompt: str, messages: list[Message]
+        self, turn: TurnState, extra_messages: tuple[Message, ...], notes: tuple[str, ...]
     ) -> NormalizedResponse | Interrupted | Failed:
-        """A call that describes the tools but may not use them (summaries, continuations)."""
+        """A call that describes the tools but may not use them (summaries, continuations).
+
+        `extra_messages` follow the history in this request only; a retry (after a compression, too)
+        sends them again.
+        """
         request = PreparedRequest(
-            system_prompt=system_prompt, messages=messages, tools=self._tool_schemas, allow_tool_calls=False
+            system_prompt=turn.system_prompt,
+            history=turn.history.messages,
+            tools=self._tool_schemas,
+            extra_messages=extra_messages,
+            notes=notes,
+            allow_tool_calls=False,
         )
         return self._call_with_retries(turn, request)
 
@@ -190,7 +199,8 @@ class ApiErrorMixin:
                 unrecoverable = self._recover_from_overflow(turn, error)
                 if unrecoverable is not None:
                     return Failed(unrecoverable)
-                request = dataclasses.replace(request, messages=turn.history.messages)  # the compressed one
+                # The compressed history, with the same request-only messages and notes as before.
+                request = dataclasses.replace(request, history=turn.history.messages)
                 continue
             if error.reason == "auth" and not refreshed:
                 refreshed = True

@@ -39,10 +39,11 @@ class IterationPrepMixin:
         turn.request_estimate = self._estimator.raw_estimate(
             turn.history.messages, turn.system_prompt, self._tool_schemas
         )
-        layers = self._ephemeral_layers(turn)
-        system_prompt = "\n\n".join([turn.system_prompt, *layers]) if layers else turn.system_prompt
         return PreparedRequest(
-            system_prompt=system_prompt, messages=turn.history.messages, tools=self._tool_schemas
+            system_prompt=turn.system_prompt,
+            history=turn.history.messages,
+            tools=self._tool_schemas,
+            notes=tuple(self._ephemeral_layers(turn)),
         )
 
     def _ephemeral_layers(self, turn: TurnState) -> list[str]:

@@ -29,7 +29,9 @@ class TruncationMixin:
     """Continues cut text; refuses cut tool calls."""
 
     callbacks: Callbacks
-    _call_without_tools: Callable[[TurnState, str, list[Message]], NormalizedResponse | Interrupted | Failed]
+    _call_without_tools: Callable[
+        [TurnState, tuple[Message, ...], tuple[str, ...]], NormalizedResponse | Interrupted | Failed
+    ]
 
     def _handle_truncation(
         self, turn: TurnState, reply: NormalizedResponse, request: PreparedRequest
@@ -50,8 +52,8 @@ class TruncationMixin:
                 "status_callback", "truncated", "the answer was cut at the length limit; continuing"
             )
             so_far = "".join(parts)
-            messages = [*request.messages, assistant_message(so_far), user_message(_CONTINUE_NOTE)]
-            more = self._call_without_tools(turn, request.system_prompt, messages)
+            extra = (*request.extra_messages, assistant_message(so_far), user_message(_CONTINUE_NOTE))
+            more = self._call_without_tools(turn, extra, request.notes)
             if not isinstance(more, NormalizedResponse):
                 return more
             parts.append(more.content or "")
