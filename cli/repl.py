@@ -28,7 +28,7 @@ from prompt_toolkit.history import FileHistory
 from prompt_toolkit.key_binding import KeyBindings
 
 from mibyan.cli.commands import COMMANDS, completions, dispatch
-from mibyan.cli.main import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
+from mibyan.cli.exit_codes import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 from mibyan.cli.sanitize import visible
 
 if TYPE_CHECKING:
