@@ -37,11 +37,18 @@ def _masked(value: str | None) -> str | None:
     return mask_secrets(value) if value else value
 
 
-MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = []
+Migration = Callable[[sqlite3.Connection], None]
+MIGRATIONS: list[Migration] = []
+
+#: The migrations that were numbered by `PRAGMA user_version` before they were recorded by name, in the
+#: order that numbered them: a database at user_version N has the first N of these.
+_NUMBERED = ("_create_tables", "_create_session_events", "_create_todos", "_create_facts")
+_APPLIED_TABLE = "_mibyan_migrations"
 
 
-def migration(fn: Callable[[sqlite3.Connection], None]) -> Callable[[sqlite3.Connection], None]:
-    """Register a schema migration; they run once each, in order, tracked by `PRAGMA user_version`."""
+def migration(fn: Migration) -> Migration:
+    """Register a schema migration. Each runs once per database and is recorded by its name (the
+    function's name: never rename one), so inserting or reordering migrations cannot skip one."""
     MIGRATIONS.append(fn)
     return fn
 
@@ -334,14 +341,35 @@ class SessionStore:
             self._db.execute("PRAGMA journal_mode = WAL")
 
     def _migrate(self) -> None:
-        if self._db.execute("PRAGMA user_version").fetchone()[0] >= len(MIGRATIONS):
+        if not self._pending_migrations(self._db):
             return
         with self._transaction() as db:
             # Read again under the write lock: another process may have migrated meanwhile.
-            version = db.execute("PRAGMA user_version").fetchone()[0]
-            for number, step in enumerate(MIGRATIONS[version:], start=version + 1):
+            for step in self._pending_migrations(db):
                 step(db)
-                db.execute(f"PRAGMA user_version = {number}")
+                db.execute(
+                    f"INSERT INTO {_APPLIED_TABLE} (name, applied_at) VALUES (?, ?)",
+                    (step.__name__, time.time()),
+                )
+            # Older mibyan versions read user_version: tell them the numbered migrations are all there.
+            db.execute(f"PRAGMA user_version = {len(_NUMBERED)}")
+
+    @staticmethod
+    def _pending_migrations(db: sqlite3.Connection) -> list[Migration]:
+        """The registered migrations this database has not had, in their order."""
+        try:
+            applied = {row[0] for row in db.execute(f"SELECT name FROM {_APPLIED_TABLE}")}
+        except sqlite3.OperationalError:  # no table yet: a new database, or one numbered by user_version
+            if not db.in_transaction:
+                return list(MIGRATIONS)
+            db.execute(f"CREATE TABLE {_APPLIED_TABLE} (name TEXT PRIMARY KEY, applied_at REAL NOT NULL)")
+            numbered = db.execute("PRAGMA user_version").fetchone()[0]
+            applied = set(_NUMBERED[:numbered])
+            db.executemany(
+                f"INSERT INTO {_APPLIED_TABLE} (name, applied_at) VALUES (?, ?)",
+                [(name, time.time()) for name in sorted(applied)],
+            )
+        return [step for step in MIGRATIONS if step.__name__ not in applied]
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
