@@ -56,14 +56,15 @@ class ScriptedModel:
 
     def _tool_calls(self, reply: Reply) -> list[dict[str, Any]]:
         # The wires ask their server for call ids; these count from 1, like the loopback server's.
+        raw = reply.raw_arguments or [json.dumps(args) for _, args in reply.tool_calls]
         calls = []
-        for name, args in reply.tool_calls:
+        for (name, _), arguments in zip(reply.tool_calls, raw, strict=True):
             self._counter += 1
             calls.append(
                 {
                     "id": f"call_{self._counter}",
                     "type": "function",
-                    "function": {"name": name, "arguments": json.dumps(args)},
+                    "function": {"name": name, "arguments": arguments},
                 }
             )
         return calls

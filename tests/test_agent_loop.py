@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 from loopback import Reply, ScriptedServer
@@ -102,35 +101,26 @@ def test_a_dropped_stream_is_retried(server: ScriptedServer, make_agent, home) -
 
 
 def test_interrupt_during_a_slow_reply_returns_at_once(server: ScriptedServer, make_agent) -> None:
-    server.add(Reply(text="too late", delay=5))
+    server.add(Reply(text="too late", delay=30))
     agent = make_agent()
     outcome: dict = {}
-
-    def run() -> None:
-        outcome["result"] = agent.run_conversation("take your time")
-        outcome["returned"] = time.perf_counter()
-
-    worker = threading.Thread(target=run)
+    worker = threading.Thread(target=lambda: outcome.update(agent.run_conversation("take your time")))
     worker.start()
     assert server.wait_for_requests(1)
-    interrupted_at = time.perf_counter()
-    agent.interrupt()
-    worker.join(5)
 
-    assert outcome["returned"] - interrupted_at <= 0.1
-    result = outcome["result"]
-    assert result["interrupted"] is True
-    assert result["exit_reason"] == "interrupted"
-    assert [m["role"] for m in result["messages"]] == ["user"]
+    agent.interrupt()
+    worker.join(5)  # the reply is 30 s away: returning before means the call was abandoned
+
+    assert not worker.is_alive()
+    assert outcome["interrupted"] is True
+    assert outcome["exit_reason"] == "interrupted"
+    assert [m["role"] for m in outcome["messages"]] == ["user"]
 
     server.add(Reply(text="back again"))
     follow_up = agent.run_conversation("are you there?")
     assert follow_up["final_response"] == "back again"
     assert_valid_request(server.requests[-1].body)
-    deadline = time.monotonic() + 3
-    while server.hangups == 0 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert server.hangups == 1, "the abandoned connection was left open"
+    assert server.wait_for_hangups(1), "the abandoned connection was left open"
 
 
 def test_interrupt_from_a_callback_mid_stream_keeps_no_partial_reply(

@@ -181,8 +181,8 @@ def test_reload_applies_a_memory_change_within_the_session(
     agent.chat("three")
     prompts = [system_of(s.body) for s in server.requests]
     assert "Tuesdays" not in prompts[1] and "Tuesdays" in prompts[2]
-    resumed = make_agent(session_id=agent.session_id)
-    assert "Tuesdays" in resumed._session_system_prompt()
+    make_agent(session_id=agent.session_id).chat("four")  # resumed: the stored, reloaded prompt
+    assert "Tuesdays" in system_of(server.requests[-1].body)
 
 
 def _skill(home: Path, name: str, description: str) -> Path:
@@ -212,4 +212,4 @@ def test_parsed_skills_are_kept_in_a_private_index_and_an_edit_is_seen_at_once(
     make_agent().chat("deploy it")
     prompt = system_of(server.requests[-1].body)
     assert "deploy: Deploy the service to production, carefully" in prompt
-    assert "[Skill: deploy]\nDo deploy." in prompt
+    assert "[Skill: deploy]\nDo deploy." in notes_of(server.requests[-1].body)
