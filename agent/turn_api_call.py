@@ -5,12 +5,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from mibyan.agent.adapters.base import Adapter, CallHandle, NormalizedResponse, WireRequest
-from mibyan.agent.agent_init import ProviderRuntime, build_client
 from mibyan.agent.callbacks import Callbacks, StreamRelay
 from mibyan.agent.hooks import Hooks
 from mibyan.agent.http_transport import AbortableTransport
 from mibyan.agent.interruptible import InterruptSignal, call_interruptibly
 from mibyan.agent.prompt_caching import append_ephemeral_notes, apply_prompt_caching
+from mibyan.agent.providers import ProviderRuntime, build_client
 from mibyan.agent.tokens import TokenEstimator
 from mibyan.agent.turn_state import PreparedRequest, TurnState
 from mibyan.config.loader import AgentSettings

@@ -18,7 +18,6 @@ from urllib.parse import urlparse
 
 from agent_state import SessionStore
 from mibyan.agent.adapters.base import Adapter, NormalizedResponse, ToolSchema
-from mibyan.agent.agent_init import ProviderRuntime, adapter_for, read_api_key, resolve_runtime
 from mibyan.agent.callbacks import Callbacks, ShownText
 from mibyan.agent.errors import (
     RETRYABLE_REASONS,
@@ -30,6 +29,7 @@ from mibyan.agent.errors import (
 )
 from mibyan.agent.interruptible import InterruptSignal
 from mibyan.agent.messages import Message
+from mibyan.agent.providers import ProviderRuntime, adapter_for, read_api_key, resolve_runtime
 from mibyan.agent.turn_state import Failed, Interrupted, PreparedRequest, TurnState
 from mibyan.config.loader import AgentSettings, load_settings
 

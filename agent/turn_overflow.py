@@ -14,11 +14,11 @@ from typing import Any
 
 from agent_state import SessionSink, SessionStore
 from mibyan.agent.adapters.base import ToolSchema
-from mibyan.agent.agent_init import new_session_id
 from mibyan.agent.callbacks import Callbacks
 from mibyan.agent.context_engine import ContextEngine
 from mibyan.agent.errors import ProviderError
 from mibyan.agent.messages import History, MessageSink, repair_history
+from mibyan.agent.session import new_session_id
 from mibyan.agent.turn_state import TurnState
 
 _OVERFLOW_RECOVERIES = 3
