@@ -6,6 +6,7 @@ import logging
 import os
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -17,6 +18,7 @@ from mibyan.config.paths import write_private
 
 if TYPE_CHECKING:
     from mibyan.tools.sandbox import Sandbox
+    from run_agent import AIAgent
 
 
 def settings_overrides(
@@ -46,7 +48,7 @@ def settings_overrides(
 
 
 def init_agent(
-    agent: Any,
+    agent: AIAgent,
     *,
     model: str | None,
     provider: str | None,
@@ -225,7 +227,7 @@ def make_skill_matcher(settings: AgentSettings) -> Any:
     return SemanticMatcher(embed, settings.skills.threshold)
 
 
-def make_summarizer(agent: Any) -> Any:
+def make_summarizer(agent: AIAgent) -> Callable[[str, str], str]:
     """The compression summarizer: the `compression` side task through the auxiliary client."""
 
     def summarize(system_prompt: str, prompt: str) -> str:
@@ -236,7 +238,7 @@ def make_summarizer(agent: Any) -> Any:
     return summarize
 
 
-def open_session(agent: Any, session_id: str | None, *, source: str) -> None:
+def open_session(agent: AIAgent, session_id: str | None, *, source: str) -> None:
     """Open the store and the session: a new one, or an existing one resumed at its newest descendant.
 
     A resumed session gets its stored system prompt back (so the provider's prompt cache stays warm)

@@ -9,18 +9,13 @@ collect connections.
 from __future__ import annotations
 
 from types import TracebackType
-from typing import Any, Self
+from typing import Self
 
-from agent_state import SessionStore
-from mibyan.agent.http_transport import AbortableTransport
+from mibyan.agent.protocol import AgentBase
 
 
-class LifecycleMixin:
+class LifecycleMixin(AgentBase):
     """close() and the context manager."""
-
-    store: SessionStore
-    _client: tuple[Any, AbortableTransport] | None
-    _closed: bool
 
     def close(self) -> None:
         """Release the agent's database connection and HTTP connections. Safe to call twice."""

@@ -14,9 +14,9 @@ import platform
 from datetime import date
 from pathlib import Path
 
-from agent_state import SessionStore
 from mibyan.agent.memory import MemoryStore
-from mibyan.agent.skills import SemanticMatcher, Skill, discover_skills, match_skills, skills_index
+from mibyan.agent.protocol import AgentBase
+from mibyan.agent.skills import Skill, discover_skills, match_skills, skills_index
 
 DEFAULT_PERSONA = """You are mibyan, a capable software engineering agent working in the user's terminal.
 You help by reading and changing files and running tools. Be direct and accurate; say what you did."""
@@ -51,15 +51,8 @@ def capped(text: str, limit: int) -> str:
     return f"{text[:head]}\n\n{note}\n\n{text[-(limit - head) :]}"
 
 
-class PromptBuilderMixin:
+class PromptBuilderMixin(AgentBase):
     """Builds the system prompt once per session, and the per-message context layers."""
-
-    _system_prompt: str | None
-    _custom_prompt: bool
-    session_id: str
-    home: Path
-    store: SessionStore
-    _skill_matcher: SemanticMatcher | None
 
     def _session_system_prompt(self) -> str:
         if self._system_prompt is None:

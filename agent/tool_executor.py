@@ -23,21 +23,15 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from agent_state import SessionStore
 from mibyan.agent.adapters.base import Usage
-from mibyan.agent.callbacks import Callbacks
 from mibyan.agent.errors import ToolError
-from mibyan.agent.hooks import Hooks
-from mibyan.agent.interruptible import InterruptSignal
 from mibyan.agent.messages import INTERRUPTED_RESULT, tool_message
+from mibyan.agent.protocol import AgentBase
 from mibyan.agent.tool_threads import RunningCall, start_call
 from mibyan.agent.turn_state import Continue, Interrupted, TurnState
-from mibyan.config.loader import AgentSettings
 from mibyan.tools import context
-from mibyan.tools.approval import ApprovalPolicy
 from mibyan.tools.memory_tools import apply_memory, list_skills, view_skill
 from mibyan.tools.registry import ToolSpec, get_tool
-from mibyan.tools.sandbox import Sandbox
 from mibyan.tools.session_tools import search_sessions
 from mibyan.tools.todo import apply_todo
 from model_tools import check_arguments, parse_arguments, run_tool
@@ -78,18 +72,8 @@ class PlannedCall:
         return self.spec is not None and self.spec.interactive
 
 
-class ToolExecutorMixin:
+class ToolExecutorMixin(AgentBase):
     """Runs the tool calls of a reply and appends their results."""
-
-    settings: AgentSettings
-    callbacks: Callbacks
-    hooks: Hooks
-    approvals: ApprovalPolicy
-    sandbox: Sandbox
-    store: SessionStore
-    session_id: str
-    home: Path
-    _signal: InterruptSignal
 
     # -- agent-level tools: they read or change the agent's own state ---------------------------------
 
@@ -124,7 +108,7 @@ class ToolExecutorMixin:
             with turn.lock:
                 turn.usage.add(Usage(**{k: v for k, v in usage.items() if k != "total_tokens"}))
 
-        return run_delegation(self, args, add_usage)  # type: ignore[arg-type]
+        return run_delegation(self, args, add_usage)
 
     def _session_search(self, args: dict[str, Any], turn: TurnState) -> str:
         return search_sessions(

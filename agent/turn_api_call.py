@@ -4,36 +4,24 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from mibyan.agent.adapters.base import Adapter, CallHandle, NormalizedResponse, WireRequest
-from mibyan.agent.callbacks import Callbacks, StreamRelay
-from mibyan.agent.hooks import Hooks
+from mibyan.agent.adapters.base import CallHandle, NormalizedResponse, WireRequest
+from mibyan.agent.callbacks import StreamRelay
 from mibyan.agent.http_transport import AbortableTransport
-from mibyan.agent.interruptible import InterruptSignal, call_interruptibly
+from mibyan.agent.interruptible import call_interruptibly
 from mibyan.agent.prompt_caching import append_ephemeral_notes, apply_prompt_caching
-from mibyan.agent.providers import ProviderRuntime, build_client
-from mibyan.agent.tokens import TokenEstimator
+from mibyan.agent.protocol import AgentBase
+from mibyan.agent.providers import build_client
 from mibyan.agent.turn_state import PreparedRequest, TurnState
-from mibyan.config.loader import AgentSettings
 
 if TYPE_CHECKING:
-    import httpx2
+    pass
 
 #: Slack over the SDK's own timeout, so the SDK's clearer timeout error normally wins the race.
 _TIMEOUT_SLACK = 5.0
 
 
-class ApiCallMixin:
+class ApiCallMixin(AgentBase):
     """Makes one model call: request building, caching markers, the call itself, usage accounting."""
-
-    settings: AgentSettings
-    runtime: ProviderRuntime
-    callbacks: Callbacks
-    _signal: InterruptSignal
-    _client: tuple[Any, AbortableTransport] | None
-    _http_transport: httpx2.BaseTransport | None
-    _adapter: Adapter
-    hooks: Hooks
-    _estimator: TokenEstimator
 
     def _sdk_client(self) -> tuple[Any, AbortableTransport]:
         if self._client is None:

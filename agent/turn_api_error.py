@@ -11,14 +11,11 @@ import logging
 import os
 import random
 import time
-from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from agent_state import SessionStore
-from mibyan.agent.adapters.base import Adapter, NormalizedResponse, ToolSchema
-from mibyan.agent.callbacks import Callbacks, ShownText
+from mibyan.agent.adapters.base import NormalizedResponse
+from mibyan.agent.callbacks import ShownText
 from mibyan.agent.errors import (
     RETRYABLE_REASONS,
     ConfigError,
@@ -27,11 +24,11 @@ from mibyan.agent.errors import (
     ProviderErrorReason,
     TurnInterrupted,
 )
-from mibyan.agent.interruptible import InterruptSignal
 from mibyan.agent.messages import Message
+from mibyan.agent.protocol import AgentBase
 from mibyan.agent.providers import ProviderRuntime, adapter_for, read_api_key, resolve_runtime
 from mibyan.agent.turn_state import Failed, Interrupted, PreparedRequest, TurnState
-from mibyan.config.loader import AgentSettings, load_settings
+from mibyan.config.loader import load_settings
 
 log = logging.getLogger("mibyan.api")
 
@@ -127,7 +124,7 @@ def backoff_delay(attempt: int, retry_after: float | None, cap: float) -> float:
 _FAILOVER_REASONS = (RETRYABLE_REASONS - {"malformed_reply"}) | {"auth", "incomplete_response"}
 
 
-class ApiErrorMixin:
+class ApiErrorMixin(AgentBase):
     """Wraps the model call in classification, retries with back-off, credential refresh and failover.
 
     Transient failures are retried on the same provider (`agent.api_max_retries`, back-off with jitter,
@@ -135,22 +132,6 @@ class ApiErrorMixin:
     asks to wait longer than that, the next provider of `fallback_providers` continues the conversation;
     a 401/403 first re-reads the key once. The primary is tried again at the next user turn.
     """
-
-    settings: AgentSettings
-    callbacks: Callbacks
-    runtime: ProviderRuntime
-    session_id: str
-    store: SessionStore
-    home: Path
-    _signal: InterruptSignal
-    _tool_schemas: list[ToolSchema]
-    _client: Any
-    _adapter: Adapter
-    _primary_runtime: ProviderRuntime
-    _failed_providers: dict[tuple[str, str], float]
-
-    _call_model_once: Callable[[TurnState, PreparedRequest], NormalizedResponse]
-    _recover_from_overflow: Callable[[TurnState, ProviderError], ProviderError | None]
 
     def _call_with_retries(
         self, turn: TurnState, request: PreparedRequest

@@ -9,15 +9,12 @@ and resuming the parent lands in the child.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
-from agent_state import SessionSink, SessionStore
-from mibyan.agent.adapters.base import ToolSchema
-from mibyan.agent.callbacks import Callbacks
-from mibyan.agent.context_engine import ContextEngine
+from agent_state import SessionSink
 from mibyan.agent.errors import ProviderError
-from mibyan.agent.messages import History, MessageSink, repair_history
+from mibyan.agent.messages import History, repair_history
+from mibyan.agent.protocol import AgentBase
 from mibyan.agent.session import new_session_id
 from mibyan.agent.turn_state import TurnState
 
@@ -29,20 +26,8 @@ _NOTHING_FITS = (
 )
 
 
-class OverflowMixin:
+class OverflowMixin(AgentBase):
     """Applies the context engine's compressions and moves the conversation into a child session."""
-
-    callbacks: Callbacks
-    store: SessionStore
-    session_id: str
-    _history: History
-    _sink: MessageSink | None
-    _context_engine: ContextEngine | None
-    _tool_schemas: list[ToolSchema]
-    _session_system_prompt: Callable[[], str]
-    _session_meta: Callable[[], dict[str, Any]]
-    _system_prompt: str | None
-    _custom_prompt: bool
 
     def compress(self) -> dict[str, Any]:
         """Compress the conversation now (the REPL's /compress). Returns what was done."""

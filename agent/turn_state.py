@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from mibyan.agent.adapters.base import ToolSchema, Usage
+from mibyan.agent.budget import IterationBudget
 from mibyan.agent.callbacks import ShownText
 from mibyan.agent.errors import MibyanError
 from mibyan.agent.messages import History, Message
@@ -16,11 +17,12 @@ ExitReason = Literal["completed", "budget_exhausted", "interrupted", "error"]
 
 @dataclass
 class TurnState:
-    """Everything one run_conversation accumulates: its history, counters and outcome."""
+    """Everything one run_conversation accumulates: its history, budget, counters and outcome."""
 
     task_id: str
     history: History
     system_prompt: str
+    budget: IterationBudget
     api_calls: int = 0
     usage: Usage = field(default_factory=Usage)
     final_response: str | None = None

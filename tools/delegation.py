@@ -19,6 +19,7 @@ from mibyan.tools import context
 from mibyan.tools.registry import tool
 
 if TYPE_CHECKING:
+    from mibyan.agent.protocol import AgentCore
     from run_agent import AIAgent
 
 SUBAGENT_PROMPT = (
@@ -53,7 +54,7 @@ def _tasks(args: dict[str, Any]) -> list[dict[str, str]]:
     return cleaned
 
 
-def _make_child(parent: AIAgent, label: str) -> AIAgent:
+def _make_child(parent: AgentCore, label: str) -> AIAgent:
     from run_agent import AIAgent
 
     delegation = parent.settings.delegation
@@ -92,7 +93,7 @@ def _make_child(parent: AIAgent, label: str) -> AIAgent:
     return child
 
 
-def _run_child(parent: AIAgent, child: AIAgent, task: dict[str, str], outcome: ChildOutcome) -> None:
+def _run_child(parent: AgentCore, child: AIAgent, task: dict[str, str], outcome: ChildOutcome) -> None:
     prompt = f"Task: {task['goal']}" + (f"\n\nContext:\n{task['context']}" if task["context"] else "")
     try:
         outcome.result = child.run_conversation(
@@ -118,7 +119,7 @@ def _report(outcome: ChildOutcome, cap: int) -> str:
     )
 
 
-def run_delegation(parent: AIAgent, args: dict[str, Any], add_usage: Any) -> str:
+def run_delegation(parent: AgentCore, args: dict[str, Any], add_usage: Any) -> str:
     """Run the tasks of one delegate_task call and return the reports for the model."""
     delegation = parent.settings.delegation
     tasks = _tasks(args)
