@@ -22,6 +22,8 @@ from mibyan.agent.turn_truncation import TruncationMixin
 if TYPE_CHECKING:
     import httpx2
 
+    from agent_state import SessionStore
+
 __all__ = ["AIAgent"]
 
 
@@ -105,6 +107,16 @@ class AIAgent(
             callbacks=callbacks,
         )
 
+    @property
+    def store(self) -> SessionStore:
+        """The session database."""
+        return self.session.store
+
+    @property
+    def session_id(self) -> str:
+        """The session written to now (after a compression, the child session)."""
+        return self.session.session_id
+
     def chat(self, message: str) -> str:
         """Send one message and return the final answer (the simple interface to run_conversation)."""
         return str(self.run_conversation(message)["final_response"] or "")
@@ -112,7 +124,7 @@ class AIAgent(
     @property
     def history(self) -> tuple[dict[str, Any], ...]:
         """The session's messages, oldest first: a copy, so reading it can never break the history."""
-        return tuple(copy.deepcopy(self._history.messages))
+        return tuple(copy.deepcopy(self.session.history.messages))
 
     @property
     def tool_schemas(self) -> tuple[ToolSchema, ...]:
@@ -125,4 +137,4 @@ class AIAgent(
         Returns:
             What the user said in that turn, or None when there was nothing to undo.
         """
-        return self._history.undo_last_turn()
+        return self.session.history.undo_last_turn()

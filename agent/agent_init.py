@@ -124,7 +124,6 @@ def init_agent(
         deny=[*settings.tools.deny, *(denied_tools or [])],
     )
     agent.delegation_depth = 0
-    agent.parent_session_id = None
     agent._children = set()
     agent._children_lock = threading.Lock()
     agent._system_prompt = None
@@ -244,23 +243,21 @@ def open_session(agent: AIAgent, session_id: str | None, *, source: str) -> None
     A resumed session gets its stored system prompt back (so the provider's prompt cache stays warm)
     and its history repaired if an interrupt or crash left it broken; the repair is stored too.
     """
-    from agent_state import SessionSink, SessionStore
-    from mibyan.agent.messages import History
+    from agent_state import SessionStore
+    from mibyan.agent.session import SessionHandle
 
     store = SessionStore.open(agent.home)
-    agent.store = store
     messages: list[dict[str, Any]] = []
     if session_id is not None and store.get_session(session_id) is not None:
         session_id = store.newest_descendant(session_id)
         row = store.get_session(session_id) or {}
         agent._system_prompt = row.get("system_prompt") or None
         messages = store.load_messages(session_id)
-    agent.session_id = session_id or new_session_id()
 
     def meta() -> dict[str, Any]:
         runtime = agent.runtime  # read at call time: after a failover it is the fallback
         return {
-            "parent_id": agent.parent_session_id,
+            "parent_id": agent.session.parent_id,
             "source": source,
             "model": runtime.model,
             "provider": runtime.provider,
@@ -269,8 +266,6 @@ def open_session(agent: AIAgent, session_id: str | None, *, source: str) -> None
             "cwd": str(Path.cwd()),
         }
 
-    agent._session_meta = meta
-    agent._sink = SessionSink(store, agent.session_id, meta)
-    agent._history = History(messages, sink=agent._sink)
-    for note in agent._history.repair():
+    agent.session = SessionHandle.open(store, session_id or new_session_id(), messages, meta)
+    for note in agent.session.history.repair():
         agent.callbacks.emit("status_callback", "repaired", note)

@@ -10,7 +10,7 @@ from typing import Any, assert_never
 from mibyan.agent.adapters.base import NormalizedResponse
 from mibyan.agent.budget import IterationBudget
 from mibyan.agent.errors import AgentBusyError
-from mibyan.agent.messages import History, Message, assistant_message, check_messages, user_message
+from mibyan.agent.messages import Message, assistant_message, check_messages, user_message
 from mibyan.agent.protocol import AgentBase, AgentCore
 from mibyan.agent.turn_api_error import failover_cause
 from mibyan.agent.turn_state import (
@@ -103,9 +103,7 @@ class ConversationLoopMixin(AgentBase):
             self._system_prompt = str(messages[0].get("content") or "")
             self._custom_prompt = True
             messages = messages[1:]
-        self._history = History(messages, sink=self._sink)
-        if self._sink is not None:
-            self._sink.replace_messages(messages)
+        self.session.adopt(messages)
 
     def _begin_turn(
         self,
@@ -121,11 +119,11 @@ class ConversationLoopMixin(AgentBase):
         if system_message is not None:
             self._system_prompt = system_message
             self._custom_prompt = True
-        for note in self._history.start_turn(user_message):
+        for note in self.session.history.start_turn(user_message):
             self.callbacks.emit("status_callback", "repaired", note)
         return TurnState(
             task_id=task_id or f"task_{uuid.uuid4().hex[:12]}",
-            history=self._history,
+            session=self.session,
             system_prompt=self._session_system_prompt(),
             message_layers=self._message_layers(user_message),
             budget=IterationBudget(self.settings.agent.max_turns),
@@ -208,14 +206,16 @@ class ConversationLoopMixin(AgentBase):
             case _:
                 assert_never(step)
         if turn.api_calls:
-            self.store.add_usage(self.session_id, turn.usage.input_tokens, turn.usage.output_tokens)
+            self.session.store.add_usage(
+                self.session.session_id, turn.usage.input_tokens, turn.usage.output_tokens
+            )
         if isinstance(step, Final):
             # Between turns: a long session is compressed before it gets near the window.
             self._compress_if_needed(turn, self.settings.compression.gateway_threshold, "between turns")
         return {
             "final_response": turn.final_response,
             "messages": list(turn.history.messages),
-            "session_id": self.session_id,
+            "session_id": self.session.session_id,
             "task_id": turn.task_id,
             "api_calls": turn.api_calls,
             "completed": turn.exit_reason == "completed",

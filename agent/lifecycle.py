@@ -23,7 +23,7 @@ class LifecycleMixin(AgentBase):
         client, self._client = self._client, None
         if client is not None:
             client[0].close()  # the SDK client closes its httpx2 client and, with it, the transport
-        self.store.close()
+        self.session.store.close()
 
     def __enter__(self) -> Self:
         return self

@@ -66,7 +66,7 @@ class PromptBuilderMixin(AgentBase):
         """
         self._system_prompt = self._build_system_prompt()
         self._custom_prompt = False
-        self.store.set_system_prompt(self.session_id, self._system_prompt)
+        self.session.store.set_system_prompt(self.session.session_id, self._system_prompt)
         return self._system_prompt
 
     def _skills(self) -> list[Skill]:
@@ -102,7 +102,7 @@ class PromptBuilderMixin(AgentBase):
         if self._skill_matcher is not None:
             matched += [s for s in self._skill_matcher.match(skills, message) if s not in matched]
         layers = [f"[Skill: {s.name}]\n{s.body}" for s in matched]
-        facts = self.store.relevant_facts(message)
+        facts = self.session.store.relevant_facts(message)
         if facts:
             text = capped("\n".join(f"- {fact}" for fact in facts), _FACTS_CAP)
             layers.append(f"[Facts you stored that may be relevant]\n{text}")

@@ -11,14 +11,12 @@ from __future__ import annotations
 
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import httpx2
 
-    from agent_state import SessionStore
     from mibyan.agent.adapters.base import Adapter, NormalizedResponse, ToolSchema
     from mibyan.agent.callbacks import Callbacks
     from mibyan.agent.context_engine import ContextEngine
@@ -26,8 +24,9 @@ if TYPE_CHECKING:
     from mibyan.agent.hooks import Hooks
     from mibyan.agent.http_transport import AbortableTransport
     from mibyan.agent.interruptible import InterruptSignal
-    from mibyan.agent.messages import History, Message, MessageSink
+    from mibyan.agent.messages import Message
     from mibyan.agent.providers import ProviderRuntime
+    from mibyan.agent.session import SessionHandle
     from mibyan.agent.skills import SemanticMatcher
     from mibyan.agent.tokens import TokenEstimator
     from mibyan.agent.turn_state import (
@@ -63,12 +62,7 @@ class AgentCore(ABC):
     _http_transport: httpx2.BaseTransport | None
 
     # -- the session, its history and its prompt ----------------------------------------------------
-    store: SessionStore
-    session_id: str
-    parent_session_id: str | None
-    _session_meta: Callable[[], dict[str, Any]]
-    _sink: MessageSink | None
-    _history: History
+    session: SessionHandle
     _system_prompt: str | None
     _custom_prompt: bool
     _skill_matcher: SemanticMatcher | None

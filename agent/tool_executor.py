@@ -90,7 +90,7 @@ class ToolExecutorMixin(AgentBase):
         return handlers.get(name)
 
     def _memory(self, args: dict[str, Any], turn: TurnState) -> str:
-        return apply_memory(self.home, self.store, args)
+        return apply_memory(self.home, self.session.store, args)
 
     def _skills_list(self, args: dict[str, Any], turn: TurnState) -> str:
         return list_skills(self.home)
@@ -99,7 +99,7 @@ class ToolExecutorMixin(AgentBase):
         return view_skill(self.home, str(args["name"]))
 
     def _todo(self, args: dict[str, Any], turn: TurnState) -> str:
-        return apply_todo(self.store, self.session_id, args)
+        return apply_todo(self.session.store, self.session.session_id, args)
 
     def _delegate(self, args: dict[str, Any], turn: TurnState) -> str:
         from mibyan.tools.delegation import run_delegation
@@ -112,12 +112,12 @@ class ToolExecutorMixin(AgentBase):
 
     def _session_search(self, args: dict[str, Any], turn: TurnState) -> str:
         return search_sessions(
-            self.store,
+            self.session.store,
             query=str(args["query"]),
             role=args.get("role"),
             since=args.get("since"),
             scope=str(args.get("scope", "all")),
-            current_lineage=self.store.lineage(self.session_id),
+            current_lineage=self.session.store.lineage(self.session.session_id),
             limit=int(args.get("limit", 10)),
         )
 

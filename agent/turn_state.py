@@ -11,6 +11,7 @@ from mibyan.agent.budget import IterationBudget
 from mibyan.agent.callbacks import ShownText
 from mibyan.agent.errors import MibyanError
 from mibyan.agent.messages import History, Message
+from mibyan.agent.session import SessionHandle
 
 ExitReason = Literal["completed", "budget_exhausted", "interrupted", "error"]
 
@@ -20,7 +21,7 @@ class TurnState:
     """Everything one run_conversation accumulates: its history, budget, counters and outcome."""
 
     task_id: str
-    history: History
+    session: SessionHandle
     system_prompt: str
     budget: IterationBudget
     api_calls: int = 0
@@ -37,6 +38,11 @@ class TurnState:
     # What the stream callbacks showed of the reply being fetched, across its retries (reset per call).
     shown_text: ShownText = field(default_factory=ShownText)
     shown_reasoning: ShownText = field(default_factory=ShownText)
+
+    @property
+    def history(self) -> History:
+        """The session's history now (a compression during the turn replaces it)."""
+        return self.session.history
 
 
 @dataclass(frozen=True)

@@ -89,7 +89,7 @@ def _make_child(parent: AgentCore, label: str) -> AIAgent:
         approval_callback=parent.approvals.answer_from_session,
     )
     child.delegation_depth = depth
-    child.parent_session_id = parent.session_id
+    child.session.parent_id = parent.session.session_id
     return child
 
 
