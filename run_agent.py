@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     import httpx2
 
     from agent_state import SessionStore
+    from mibyan.agent.providers import ProviderRuntime
 
 __all__ = ["AIAgent"]
 
@@ -106,6 +107,11 @@ class AIAgent(
             http_transport=http_transport,
             callbacks=callbacks,
         )
+
+    @property
+    def runtime(self) -> ProviderRuntime:
+        """The provider talked to now: provider, model, API mode, address (after a failover, a fallback)."""
+        return self.provider.runtime
 
     @property
     def store(self) -> SessionStore:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mibyan.agent.errors import ConfigError
-from mibyan.agent.providers import ProviderRuntime, adapter_for, build_client, resolve_runtime
+from mibyan.agent.providers import ProviderRuntime, ProviderState, adapter_for, build_client, resolve_runtime
 from mibyan.agent.session import new_session_id
 from mibyan.config.loader import AgentSettings, load_settings, mibyan_home
 from mibyan.config.paths import write_private
@@ -89,7 +89,7 @@ def init_agent(
     settings = load_settings(home=home_path, overrides=overrides)
     agent.settings = settings
     agent.home = home_path
-    agent.runtime = resolve_runtime(
+    runtime = resolve_runtime(
         settings,
         provider=settings.model.provider,
         model=settings.model.name,
@@ -99,14 +99,15 @@ def init_agent(
         env=os.environ,
         home=home_path,
     )
-    agent._primary_runtime = agent.runtime
-    agent._failed_providers = {}
-    agent._adapter = adapter_for(agent.runtime.api_mode, settings)
-    agent._client = None
-    agent._http_transport = http_transport
+    agent.provider = ProviderState(
+        runtime=runtime,
+        primary=runtime,
+        adapter=adapter_for(runtime.api_mode, settings),
+        http_transport=http_transport,
+    )
     agent._signal = InterruptSignal()
     agent._estimator = TokenEstimator()
-    agent._window = context_window(settings, agent.runtime, home_path)
+    agent._window = context_window(settings, runtime, home_path)
     agent._context_engine = load_engine(settings, agent._window, agent._estimator, make_summarizer(agent))
     agent.hooks = Hooks.from_config(settings.hooks)
     agent.approvals = ApprovalPolicy(
@@ -232,7 +233,9 @@ def make_summarizer(agent: AIAgent) -> Callable[[str, str], str]:
     def summarize(system_prompt: str, prompt: str) -> str:
         from mibyan.agent.auxiliary_client import AuxiliaryClient
 
-        return AuxiliaryClient(agent.settings, agent.runtime, "compression").complete(system_prompt, prompt)
+        return AuxiliaryClient(agent.settings, agent.provider.runtime, "compression").complete(
+            system_prompt, prompt
+        )
 
     return summarize
 
@@ -255,7 +258,7 @@ def open_session(agent: AIAgent, session_id: str | None, *, source: str) -> None
         messages = store.load_messages(session_id)
 
     def meta() -> dict[str, Any]:
-        runtime = agent.runtime  # read at call time: after a failover it is the fallback
+        runtime = agent.provider.runtime  # read at call time: after a failover it is the fallback
         return {
             "parent_id": agent.session.parent_id,
             "source": source,

@@ -20,9 +20,7 @@ class LifecycleMixin(AgentBase):
     def close(self) -> None:
         """Release the agent's database connection and HTTP connections. Safe to call twice."""
         self._closed = True
-        client, self._client = self._client, None
-        if client is not None:
-            client[0].close()  # the SDK client closes its httpx2 client and, with it, the transport
+        self.provider.drop_client()
         self.session.store.close()
 
     def __enter__(self) -> Self:

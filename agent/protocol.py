@@ -15,17 +15,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    import httpx2
-
-    from mibyan.agent.adapters.base import Adapter, NormalizedResponse, ToolSchema
+    from mibyan.agent.adapters.base import NormalizedResponse, ToolSchema
     from mibyan.agent.callbacks import Callbacks
     from mibyan.agent.context_engine import ContextEngine
     from mibyan.agent.errors import ProviderError
     from mibyan.agent.hooks import Hooks
-    from mibyan.agent.http_transport import AbortableTransport
     from mibyan.agent.interruptible import InterruptSignal
     from mibyan.agent.messages import Message
-    from mibyan.agent.providers import ProviderRuntime
+    from mibyan.agent.providers import ProviderState
     from mibyan.agent.session import SessionHandle
     from mibyan.agent.skills import SemanticMatcher
     from mibyan.agent.tokens import TokenEstimator
@@ -53,13 +50,8 @@ class AgentCore(ABC):
     approvals: ApprovalPolicy
     sandbox: Sandbox
 
-    # -- the provider: the one talked to now, the primary, the ones that failed lately -------------
-    runtime: ProviderRuntime
-    _primary_runtime: ProviderRuntime
-    _failed_providers: dict[tuple[str, str], float]
-    _adapter: Adapter
-    _client: tuple[Any, AbortableTransport] | None
-    _http_transport: httpx2.BaseTransport | None
+    # -- the provider: the one talked to now, the primary, the ones that failed lately, the client ---
+    provider: ProviderState
 
     # -- the session, its history and its prompt ----------------------------------------------------
     session: SessionHandle

@@ -8,7 +8,7 @@ the turn phases that use it (turn_api_call.py, turn_api_error.py) and the side-t
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
@@ -17,7 +17,10 @@ from mibyan.agent.errors import ConfigError
 from mibyan.config.loader import API_MODES, AgentSettings, ProviderSettings, check_base_url, mibyan_home
 
 if TYPE_CHECKING:
+    import httpx2
+
     from mibyan.agent.adapters.base import Adapter
+    from mibyan.agent.http_transport import AbortableTransport
 
 _LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1", "0.0.0.0"})
 
@@ -169,3 +172,44 @@ def adapter_for(api_mode: str, settings: AgentSettings) -> Adapter:
     from mibyan.agent.adapters.chat_completions import ChatCompletionsAdapter
 
     return ChatCompletionsAdapter()
+
+
+@dataclass
+class ProviderState:
+    """The provider side of an agent: who it talks to now, how, and who failed lately.
+
+    Attributes:
+        runtime: the provider talked to now (after a failover, a fallback).
+        primary: the provider each user turn starts with.
+        adapter: the wire adapter of `runtime`'s API mode.
+        failed: (provider, model) → when it last failed, so a failover skips it for a while.
+        client: the SDK client of `runtime` and its transport, made on first use.
+        http_transport: the transport under every client (None: real connections).
+    """
+
+    runtime: ProviderRuntime
+    primary: ProviderRuntime
+    adapter: Adapter
+    failed: dict[tuple[str, str], float] = field(default_factory=dict)
+    client: tuple[Any, AbortableTransport] | None = None
+    http_transport: httpx2.BaseTransport | None = None
+
+    def sdk_client(self, settings: AgentSettings) -> tuple[Any, AbortableTransport]:
+        """The SDK client for the current runtime, and the transport that can cut its connections."""
+        if self.client is None:
+            from mibyan.agent.http_transport import AbortableTransport
+
+            transport = AbortableTransport(self.http_transport)
+            self.client = (build_client(self.runtime, settings, transport), transport)
+        return self.client
+
+    def drop_client(self) -> None:
+        """Close the client; the next call makes a new one (new key, new provider, a cut connection)."""
+        client, self.client = self.client, None
+        if client is not None:
+            client[0].close()  # the SDK client closes its httpx2 client and, with it, the transport
+
+    def switch_to(self, runtime: ProviderRuntime, settings: AgentSettings) -> None:
+        self.runtime = runtime
+        self.adapter = adapter_for(runtime.api_mode, settings)
+        self.drop_client()

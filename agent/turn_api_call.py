@@ -10,7 +10,6 @@ from mibyan.agent.http_transport import AbortableTransport
 from mibyan.agent.interruptible import call_interruptibly
 from mibyan.agent.prompt_caching import append_ephemeral_notes, apply_prompt_caching
 from mibyan.agent.protocol import AgentBase
-from mibyan.agent.providers import build_client
 from mibyan.agent.turn_state import PreparedRequest, TurnState
 
 if TYPE_CHECKING:
@@ -23,25 +22,19 @@ _TIMEOUT_SLACK = 5.0
 class ApiCallMixin(AgentBase):
     """Makes one model call: request building, caching markers, the call itself, usage accounting."""
 
-    def _sdk_client(self) -> tuple[Any, AbortableTransport]:
-        if self._client is None:
-            transport = AbortableTransport(self._http_transport)
-            self._client = (build_client(self.runtime, self.settings, transport), transport)
-        return self._client
-
     def _abandon_call(self, handle: CallHandle, client: tuple[Any, AbortableTransport]) -> None:
         # Cutting the connections stops the provider generating for nobody; the next call gets a new client.
         handle.abandoned = True
         client[1].abort()
-        if self._client is client:
-            self._client = None
+        if self.provider.client is client:
+            self.provider.client = None
 
     def _call_model_once(self, turn: TurnState, request: PreparedRequest) -> NormalizedResponse:
         """One call to the model. Raises TurnInterrupted, ProviderError or the SDK's own errors."""
         agent = self.settings.agent
-        body = self._adapter.build_request(
+        body = self.provider.adapter.build_request(
             WireRequest(
-                model=self.runtime.model,
+                model=self.provider.runtime.model,
                 system_prompt=request.system_prompt,
                 messages=request.messages,
                 tools=request.tools,
@@ -51,17 +44,17 @@ class ApiCallMixin(AgentBase):
                 allow_tool_calls=request.allow_tool_calls,
             )
         )
-        body = apply_prompt_caching(body, self.runtime.api_mode)
-        body = append_ephemeral_notes(body, self.runtime.api_mode, request.notes)
+        body = apply_prompt_caching(body, self.provider.runtime.api_mode)
+        body = append_ephemeral_notes(body, self.provider.runtime.api_mode, request.notes)
         self.hooks.before_llm(request.messages, request.tools)
-        client = self._sdk_client()
+        client = self.provider.sdk_client(self.settings)
         sdk = client[0]
         handle = CallHandle()
         relay = StreamRelay(self.callbacks, self._signal, turn.shown_text, turn.shown_reasoning)
         relay.start()
         try:
             response = call_interruptibly(
-                lambda: self._adapter.send(
+                lambda: self.provider.adapter.send(
                     sdk,
                     body,
                     stream=agent.stream,

@@ -26,7 +26,7 @@ from mibyan.agent.errors import (
 )
 from mibyan.agent.messages import Message
 from mibyan.agent.protocol import AgentBase
-from mibyan.agent.providers import ProviderRuntime, adapter_for, read_api_key, resolve_runtime
+from mibyan.agent.providers import ProviderRuntime, read_api_key, resolve_runtime
 from mibyan.agent.turn_state import Failed, Interrupted, PreparedRequest, TurnState
 from mibyan.config.loader import load_settings
 
@@ -190,7 +190,7 @@ class ApiErrorMixin(AgentBase):
             wait_cap = self.settings.agent.max_retry_wait
             asks_too_long = error.retry_after is not None and error.retry_after > wait_cap
             if not error.retryable or attempt >= retries or (asks_too_long and self._has_fallback()):
-                return Failed(located(error, self.runtime))
+                return Failed(located(error, self.provider.runtime))
             delay = backoff_delay(attempt, error.retry_after, wait_cap)
             attempt += 1
             self.callbacks.emit(
@@ -207,33 +207,33 @@ class ApiErrorMixin(AgentBase):
         """Re-read the key (command, variable, config file); True when a different key was found."""
         try:
             settings = load_settings(home=self.home)
-            config = settings.providers.get(self.runtime.provider)
+            config = settings.providers.get(self.provider.runtime.provider)
             key = read_api_key(config, os.environ) if config is not None else None
         except MibyanError as exc:
             self.callbacks.emit("status_callback", "auth", f"could not re-read the key: {exc}")
             return False
-        if not key or key == self.runtime.api_key:
+        if not key or key == self.provider.runtime.api_key:
             return False
-        self.runtime.api_key = key
-        self._client = None
+        self.provider.runtime.api_key = key
+        self.provider.drop_client()
         self.callbacks.emit(
-            "status_callback", "auth", f"re-read the key of {self.runtime.provider}; retrying"
+            "status_callback", "auth", f"re-read the key of {self.provider.runtime.provider}; retrying"
         )
         return True
 
     def _has_fallback(self) -> bool:
-        return self.runtime.fallback_index < len(self.settings.fallback_providers)
+        return self.provider.runtime.fallback_index < len(self.settings.fallback_providers)
 
     def _fail_over(self, error: ProviderError) -> bool:
         """Switch to the next healthy fallback provider; False when none is left."""
         now = time.monotonic()
-        self._failed_providers[(self.runtime.provider, self.runtime.model)] = now
+        self.provider.failed[(self.provider.runtime.provider, self.provider.runtime.model)] = now
         interval = self.settings.agent.health_check_interval
         chain = self.settings.fallback_providers
-        for index in range(self.runtime.fallback_index, len(chain)):
+        for index in range(self.provider.runtime.fallback_index, len(chain)):
             entry = chain[index]
-            model = entry.model or self._primary_runtime.model
-            failed_at = self._failed_providers.get((entry.provider, model))
+            model = entry.model or self.provider.primary.model
+            failed_at = self.provider.failed.get((entry.provider, model))
             if failed_at is not None and now - failed_at < interval:
                 continue
             try:
@@ -257,18 +257,16 @@ class ApiErrorMixin(AgentBase):
         return False
 
     def _switch_runtime(self, runtime: ProviderRuntime, why: str) -> None:
-        old = self.runtime
-        self.runtime = runtime
-        self._adapter = adapter_for(runtime.api_mode, self.settings)
-        self._client = None
+        old = self.provider.runtime
+        self.provider.switch_to(runtime, self.settings)
         message = f"switched from {old.provider}/{old.model} to {runtime.provider}/{runtime.model} ({why})"
         self.callbacks.emit("status_callback", "failover", message)
         self.session.store.record_event(self.session.session_id, "provider_switch", message)
 
     def _restore_primary(self) -> None:
         """At a new user turn the primary provider gets another chance."""
-        if self.runtime is not self._primary_runtime:
-            self._switch_runtime(self._primary_runtime, "new turn: trying the primary again")
+        if self.provider.runtime is not self.provider.primary:
+            self._switch_runtime(self.provider.primary, "new turn: trying the primary again")
 
 
 def located(error: ProviderError, runtime: ProviderRuntime) -> ProviderError:

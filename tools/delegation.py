@@ -62,7 +62,7 @@ def _make_child(parent: AgentCore, label: str) -> AIAgent:
     denied = [name for name in _ALWAYS_DENIED if name not in delegation.allow_tools]
     if depth >= delegation.max_depth:
         denied.append("delegate_task")
-    runtime = parent.runtime
+    runtime = parent.provider.runtime
 
     def progress(phase: str, name: str, detail: dict[str, Any]) -> None:
         parent.callbacks.emit(
