@@ -23,7 +23,9 @@ if TYPE_CHECKING:
     import httpx2
 
     from agent_state import SessionStore
+    from mibyan.agent.hooks import Hooks
     from mibyan.agent.providers import ProviderRuntime
+    from mibyan.tools.approval import ApprovalPolicy
 
 __all__ = ["AIAgent"]
 
@@ -114,6 +116,16 @@ class AIAgent(
         return self.provider.runtime
 
     @property
+    def hooks(self) -> Hooks:
+        """Register hooks: `agent.hooks.register("pre_tool_call", fn)`."""
+        return self.tools.hooks
+
+    @property
+    def approvals(self) -> ApprovalPolicy:
+        """The approval policy of dangerous commands (`approvals.yolo` may be switched on the fly)."""
+        return self.tools.approvals
+
+    @property
     def store(self) -> SessionStore:
         """The session database."""
         return self.session.store
@@ -135,7 +147,7 @@ class AIAgent(
     @property
     def tool_schemas(self) -> tuple[ToolSchema, ...]:
         """The tools the model sees: name, description and argument schema of each."""
-        return tuple(self._tool_schemas)
+        return tuple(self.tools.schemas)
 
     def undo_last_turn(self) -> str | None:
         """Forget the last user message and everything after it, in the store too.

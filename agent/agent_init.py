@@ -73,6 +73,7 @@ def init_agent(
     from mibyan.agent.hooks import Hooks
     from mibyan.agent.interruptible import InterruptSignal
     from mibyan.agent.tokens import TokenEstimator
+    from mibyan.agent.tool_executor import ToolRuntime
     from mibyan.tools.approval import ApprovalPolicy
     from model_tools import check_tool_selection, get_tool_definitions
 
@@ -109,20 +110,22 @@ def init_agent(
     agent._estimator = TokenEstimator()
     agent._window = context_window(settings, runtime, home_path)
     agent._context_engine = load_engine(settings, agent._window, agent._estimator, make_summarizer(agent))
-    agent.hooks = Hooks.from_config(settings.hooks)
-    agent.approvals = ApprovalPolicy(
-        ask=agent.callbacks.approval_callback,
-        yolo=yolo,
-        always=list(settings.approvals.always),
-        timeout=settings.approvals.timeout,
-        save_always=lambda key: remember_approval(home_path, key),
-    )
     check_tool_selection(settings.tools.toolsets, allow=settings.tools.allow, deny=settings.tools.deny)
     agent.sandbox = make_sandbox(settings, home_path, agent.callbacks, source=source)
-    agent._tool_schemas = get_tool_definitions(
-        settings.tools.toolsets,
-        allow=settings.tools.allow,
-        deny=[*settings.tools.deny, *(denied_tools or [])],
+    agent.tools = ToolRuntime(
+        schemas=get_tool_definitions(
+            settings.tools.toolsets,
+            allow=settings.tools.allow,
+            deny=[*settings.tools.deny, *(denied_tools or [])],
+        ),
+        approvals=ApprovalPolicy(
+            ask=agent.callbacks.approval_callback,
+            yolo=yolo,
+            always=list(settings.approvals.always),
+            timeout=settings.approvals.timeout,
+            save_always=lambda key: remember_approval(home_path, key),
+        ),
+        hooks=Hooks.from_config(settings.hooks),
     )
     agent.delegation_depth = 0
     agent._children = set()

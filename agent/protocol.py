@@ -15,17 +15,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from mibyan.agent.adapters.base import NormalizedResponse, ToolSchema
+    from mibyan.agent.adapters.base import NormalizedResponse
     from mibyan.agent.callbacks import Callbacks
     from mibyan.agent.context_engine import ContextEngine
     from mibyan.agent.errors import ProviderError
-    from mibyan.agent.hooks import Hooks
     from mibyan.agent.interruptible import InterruptSignal
     from mibyan.agent.messages import Message
     from mibyan.agent.providers import ProviderState
     from mibyan.agent.session import SessionHandle
     from mibyan.agent.skills import SemanticMatcher
     from mibyan.agent.tokens import TokenEstimator
+    from mibyan.agent.tool_executor import ToolRuntime
     from mibyan.agent.turn_state import (
         BudgetExhausted,
         Continue,
@@ -35,7 +35,6 @@ if TYPE_CHECKING:
         TurnState,
     )
     from mibyan.config.loader import AgentSettings
-    from mibyan.tools.approval import ApprovalPolicy
     from mibyan.tools.sandbox import Sandbox
 
 
@@ -46,8 +45,6 @@ class AgentCore(ABC):
     settings: AgentSettings
     home: Path
     callbacks: Callbacks
-    hooks: Hooks
-    approvals: ApprovalPolicy
     sandbox: Sandbox
 
     # -- the provider: the one talked to now, the primary, the ones that failed lately, the client ---
@@ -60,7 +57,7 @@ class AgentCore(ABC):
     _skill_matcher: SemanticMatcher | None
 
     # -- tools and context ----------------------------------------------------------------------------
-    _tool_schemas: list[ToolSchema]
+    tools: ToolRuntime
     _estimator: TokenEstimator
     _window: int
     _context_engine: ContextEngine | None

@@ -23,13 +23,15 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from mibyan.agent.adapters.base import Usage
+from mibyan.agent.adapters.base import ToolSchema, Usage
 from mibyan.agent.errors import ToolError
+from mibyan.agent.hooks import Hooks
 from mibyan.agent.messages import INTERRUPTED_RESULT, tool_message
 from mibyan.agent.protocol import AgentBase
 from mibyan.agent.tool_threads import RunningCall, start_call
 from mibyan.agent.turn_state import Continue, Interrupted, TurnState
 from mibyan.tools import context
+from mibyan.tools.approval import ApprovalPolicy
 from mibyan.tools.memory_tools import apply_memory, list_skills, view_skill
 from mibyan.tools.registry import ToolSpec, get_tool
 from mibyan.tools.session_tools import search_sessions
@@ -52,6 +54,21 @@ def cap_result(text: str, limit: int) -> str:
     tail = limit - head
     cut = len(text) - head - tail
     return f"{text[:head]}\n\n[... {cut} characters cut from the middle of this output ...]\n\n{text[-tail:]}"
+
+
+@dataclass
+class ToolRuntime:
+    """What the agent runs tools with.
+
+    Attributes:
+        schemas: the tools the model sees (the selection of toolsets, allow and deny lists).
+        approvals: who decides whether a dangerous command runs (`yolo` may be switched on the fly).
+        hooks: the pre/post tool and LLM call hooks.
+    """
+
+    schemas: list[ToolSchema]
+    approvals: ApprovalPolicy
+    hooks: Hooks
 
 
 @dataclass
@@ -170,14 +187,14 @@ class ToolExecutorMixin(AgentBase):
         )
         token = context.bind(bound)
         try:
-            reason = self.hooks.before_tool(plan.name, args, task_id)
+            reason = self.tools.hooks.before_tool(plan.name, args, task_id)
             if reason is not None:
                 return f"blocked by a hook: {reason}", False
             if spec.dangerous is not None:
                 verdict = spec.dangerous(args)
                 subject = spec.subject(args) if spec.subject is not None else None
                 subject = subject or str(args.get("command") or json.dumps(args, ensure_ascii=False))
-                allowed, why = self.approvals.decide(subject, verdict)
+                allowed, why = self.tools.approvals.decide(subject, verdict)
                 if not allowed:
                     self.callbacks.emit("status_callback", "denied", f"{plan.name}: {why}")
                     return why, False
@@ -185,7 +202,7 @@ class ToolExecutorMixin(AgentBase):
                 token = context.bind(replace(bound, approved=verdict))
             handler = self._agent_level_tool(plan.name)
             result = handler(args, turn) if handler is not None else run_tool(spec, args, task_id)
-            result = self.hooks.after_tool(plan.name, args, result, task_id)
+            result = self.tools.hooks.after_tool(plan.name, args, result, task_id)
             return cap_result(result, spec.max_result_chars), True
         except ToolError as exc:
             return f"error: {exc}", False

@@ -46,7 +46,7 @@ class ApiCallMixin(AgentBase):
         )
         body = apply_prompt_caching(body, self.provider.runtime.api_mode)
         body = append_ephemeral_notes(body, self.provider.runtime.api_mode, request.notes)
-        self.hooks.before_llm(request.messages, request.tools)
+        self.tools.hooks.before_llm(request.messages, request.tools)
         client = self.provider.sdk_client(self.settings)
         sdk = client[0]
         handle = CallHandle()
@@ -78,5 +78,5 @@ class ApiCallMixin(AgentBase):
         turn.usage.add(response.usage)
         if turn.request_estimate and response.usage.input_tokens:
             self._estimator.calibrate(turn.request_estimate, response.usage.input_tokens)
-        self.hooks.after_llm(response)
+        self.tools.hooks.after_llm(response)
         return response

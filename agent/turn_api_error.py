@@ -156,7 +156,7 @@ class ApiErrorMixin(AgentBase):
         request = PreparedRequest(
             system_prompt=turn.system_prompt,
             history=turn.history.messages,
-            tools=self._tool_schemas,
+            tools=self.tools.schemas,
             extra_messages=extra_messages,
             notes=notes,
             allow_tool_calls=False,

@@ -21,12 +21,12 @@ class IterationPrepMixin(AgentBase):
             self.callbacks.emit("status_callback", "repaired", note)
         # One pass over the history per iteration: it sizes the context-pressure note and calibrates.
         turn.request_estimate = self._estimator.raw_estimate(
-            turn.history.messages, turn.system_prompt, self._tool_schemas
+            turn.history.messages, turn.system_prompt, self.tools.schemas
         )
         return PreparedRequest(
             system_prompt=turn.system_prompt,
             history=turn.history.messages,
-            tools=self._tool_schemas,
+            tools=self.tools.schemas,
             notes=tuple(self._ephemeral_layers(turn)),
         )
 

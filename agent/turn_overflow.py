@@ -41,7 +41,7 @@ class OverflowMixin(AgentBase):
         if engine is not None and engine.should_compress(
             self.session.history.messages,
             system_prompt=self._session_system_prompt(),
-            tools=self._tool_schemas,
+            tools=self.tools.schemas,
             threshold=threshold,
         ):
             self._compress(turn, reason=reason)
@@ -61,7 +61,7 @@ class OverflowMixin(AgentBase):
         result = engine.compress(
             self.session.history.messages,
             system_prompt=self._session_system_prompt(),
-            tools=self._tool_schemas,
+            tools=self.tools.schemas,
             reason=reason,
         )
         if result is None:

@@ -82,11 +82,11 @@ def _make_child(parent: AgentCore, label: str) -> AIAgent:
         home=parent.home,
         enabled_toolsets=list(parent.settings.tools.toolsets),
         source="subagent",
-        yolo=parent.approvals.yolo,
+        yolo=parent.tools.approvals.yolo,
         denied_tools=denied,
         tool_progress_callback=progress,
         status_callback=status,
-        approval_callback=parent.approvals.answer_from_session,
+        approval_callback=parent.tools.approvals.answer_from_session,
     )
     child.delegation_depth = depth
     child.session.parent_id = parent.session.session_id
