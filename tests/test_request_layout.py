@@ -61,3 +61,22 @@ def test_the_retry_after_an_overflow_still_asks_for_the_budget_summary(
     assert asked in retried["messages"][-1]["content"]
     assert len(retried["messages"]) < len(overflowed["messages"])
     assert repair_history(result["messages"])[1] == []
+
+
+def test_budget_notes_come_after_the_tool_results_and_leave_the_system_prompt_alone(
+    scripted: ScriptedModel, make_scripted_agent
+) -> None:
+    scripted.default = lambda body: Reply(tool_calls=[("list_directory", {"path": "."})])
+    agent = make_scripted_agent(max_iterations=4)
+
+    agent.run_conversation("keep looking")
+
+    chats = [seen.body for seen in scripted.requests]
+    systems = {json.dumps(body["messages"][0]) for body in chats}
+    assert len(systems) == 1  # one system prompt for every call of the turn
+    late = chats[2]  # the third of four calls: 75% of the budget used
+    *history, note = late["messages"]
+    assert history[-1]["role"] == "tool"
+    assert note["role"] == "user"
+    assert note["content"].startswith("[Iteration budget: 1 of 4 model calls left.")
+    assert not any("Iteration budget" in json.dumps(m) for m in chats[3]["messages"][:-1])
