@@ -13,13 +13,23 @@ from typing import Self
 
 from mibyan.agent.protocol import AgentBase
 
+#: How long close() waits for an interrupted conversation to return (it normally takes milliseconds).
+_RUN_END_WAIT = 5.0
+
 
 class LifecycleMixin(AgentBase):
     """close() and the context manager."""
 
     def close(self) -> None:
-        """Release the agent's database connection and HTTP connections. Safe to call twice."""
+        """Release the agent's database connection and HTTP connections. Safe to call twice.
+
+        A conversation running on another thread is interrupted first, and closing waits (a few seconds
+        at most) until it has returned, so its last messages are stored before the database closes.
+        """
         self._closed = True
+        self.interrupt()
+        if self._running.acquire(timeout=_RUN_END_WAIT):
+            self._running.release()
         self.provider.drop_client()
         self.session.store.close()
 

@@ -82,3 +82,20 @@ def test_a_closed_agent_says_so(server: ScriptedServer, make_agent) -> None:
     agent.close()  # twice is fine
     with pytest.raises(AgentBusyError, match="closed"):
         agent.chat("hello")
+
+
+def test_closing_a_running_agent_interrupts_the_run_and_waits_for_it(
+    server: ScriptedServer, make_agent
+) -> None:
+    server.add(Reply(text="too late", delay=30))
+    agent = make_agent()
+    outcome: dict = {}
+    worker = threading.Thread(target=lambda: outcome.update(agent.run_conversation("take your time")))
+    worker.start()
+    assert server.wait_for_requests(1)
+
+    agent.close()
+
+    assert not worker.is_alive()  # close() returned after the run did, not 30 s later
+    assert outcome["interrupted"] is True
+    worker.join()
