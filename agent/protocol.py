@@ -1,10 +1,16 @@
-"""The agent as its mixins see each other: one Protocol that the type checker holds every mixin to.
+"""The agent as its mixins see each other: one declaration that the type checker holds every mixin to.
 
 Each mixin of `AIAgent` derives from `AgentBase`, which is `AgentCore` for the type checker and plain
 `object` at run time. So a mixin that calls another mixin's method, or reads state the constructor set,
 is checked against the one declaration here: renaming a phase method leaves `AIAgent` without it (mypy:
 "Cannot instantiate abstract class"), and a misspelled attribute is an error where it is written, in a
 mixin or in agent_init.py (which takes a typed `AIAgent`).
+
+`AgentCore` is an abstract class rather than a `typing.Protocol`: a class that derives from a Protocol
+explicitly must define every attribute the Protocol declares in its own body, and the agent's state is
+set by agent_init.py; with an ABC the methods are abstract and the attributes are plain declarations.
+The state itself is grouped in typed objects: `provider` (agent/providers.py), `session`
+(agent/session.py) and `tools` (agent/tool_executor.py); a run's own state is its TurnState.
 """
 
 from __future__ import annotations
