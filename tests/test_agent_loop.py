@@ -90,7 +90,7 @@ def test_a_stream_cut_before_finish_reason_is_an_error_not_an_answer(
 
 
 def test_a_dropped_stream_is_retried(server: ScriptedServer, make_agent, home) -> None:
-    (home / "config.yaml").write_text("agent:\n  api_max_retries: 1\n")
+    (home / "config.yaml").write_text("agent: {api_max_retries: 1, max_retry_wait: 0.1}\n")  # short back-off
     server.add(Reply(text="half", cut=True), Reply(text="whole answer"))
     statuses: list[tuple[str, str]] = []
 

@@ -37,7 +37,7 @@ def with_fallback(home: Path, server: ScriptedServer, retries: int = 1, extra: s
     configure(
         home,
         f"""
-agent: {{api_max_retries: {retries}, max_retry_wait: 5}}
+agent: {{api_max_retries: {retries}, max_retry_wait: 0.1}}
 model: {{provider: primary, name: primary-model}}
 providers:
   primary: {{base_url: "{server.base_url}", api_mode: chat_completions}}
