@@ -137,6 +137,7 @@ class ScriptedServer:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            disable_nagle_algorithm = True  # small writes go out at once, not after a delayed ACK
 
             def log_message(self, *args: Any) -> None:
                 pass
