@@ -17,6 +17,7 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import wait as wait_for_futures
 from dataclasses import dataclass, replace
 from functools import partial
@@ -39,6 +40,9 @@ from mibyan.tools.todo import apply_todo
 from model_tools import check_arguments, parse_arguments, run_tool
 
 log = logging.getLogger("mibyan.tools")
+
+#: An agent-level tool's handler: the call's arguments and its turn in, the result text out.
+AgentLevelTool = Callable[[dict[str, Any], TurnState], str]
 
 _PREVIEW_CHARS = 200
 #: After an interrupt, how long running tools get to stop (kill their processes) before the turn returns.
@@ -94,7 +98,7 @@ class ToolExecutorMixin(AgentBase):
 
     # -- agent-level tools: they read or change the agent's own state ---------------------------------
 
-    def _agent_level_tool(self, name: str) -> Any:
+    def _agent_level_tool(self, name: str) -> AgentLevelTool | None:
         handlers = {
             "session_search": self._session_search,
             "clarify": self._clarify,
