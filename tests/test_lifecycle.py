@@ -99,3 +99,23 @@ def test_closing_a_running_agent_interrupts_the_run_and_waits_for_it(
     assert not worker.is_alive()  # close() returned after the run did, not 30 s later
     assert outcome["interrupted"] is True
     worker.join()
+
+
+@pytest.mark.parametrize("command", ["/new", "/model gpt-4o"])
+def test_the_chat_closes_the_agent_it_replaces(
+    server: ScriptedServer, home: Path, monkeypatch: pytest.MonkeyPatch, command: str
+) -> None:
+    from mibyan.cli.commands import dispatch
+    from mibyan.cli.main import build_parser
+    from mibyan.cli.repl import Repl
+
+    monkeypatch.setenv("MIBYAN_HOME", str(home))
+    repl = Repl(build_parser().parse_args(["chat", "--base-url", server.base_url]), None)
+    replaced = repl.agent
+
+    dispatch(repl, command)
+
+    assert repl.agent is not replaced
+    with pytest.raises(AgentBusyError, match="closed"):
+        replaced.chat("are you still there?")
+    repl.close()
