@@ -17,6 +17,7 @@ from mibyan.config.loader import AgentSettings, load_settings, mibyan_home
 from mibyan.config.paths import write_private
 
 if TYPE_CHECKING:
+    from mibyan.agent.skills import SemanticMatcher
     from mibyan.tools.sandbox import Sandbox
     from run_agent import AIAgent
 
@@ -72,6 +73,7 @@ def init_agent(
     from mibyan.agent.context_engine import load_engine
     from mibyan.agent.hooks import Hooks
     from mibyan.agent.interruptible import InterruptSignal
+    from mibyan.agent.prompt_builder import PromptState
     from mibyan.agent.tokens import TokenEstimator
     from mibyan.agent.tool_executor import ToolRuntime
     from mibyan.tools.approval import ApprovalPolicy
@@ -130,9 +132,7 @@ def init_agent(
     agent.delegation_depth = 0
     agent._children = set()
     agent._children_lock = threading.Lock()
-    agent._system_prompt = None
-    agent._custom_prompt = False
-    agent._skill_matcher = make_skill_matcher(settings)
+    agent.prompt = PromptState(skill_matcher=make_skill_matcher(settings))
     agent._running = threading.Lock()
     agent._closed = False
     open_session(agent, session_id, source=source)
@@ -203,7 +203,7 @@ def remember_approval(home: Path, key: str) -> None:
     write_private(path, yaml.safe_dump(data, sort_keys=False).encode())
 
 
-def make_skill_matcher(settings: AgentSettings) -> Any:
+def make_skill_matcher(settings: AgentSettings) -> SemanticMatcher | None:
     """Semantic skill matching, when `skills.embedding` names an (OpenAI-compatible) embedding provider."""
     embedding = settings.skills.embedding
     if embedding is None:
@@ -257,7 +257,7 @@ def open_session(agent: AIAgent, session_id: str | None, *, source: str) -> None
     if session_id is not None and store.get_session(session_id) is not None:
         session_id = store.newest_descendant(session_id)
         row = store.get_session(session_id) or {}
-        agent._system_prompt = row.get("system_prompt") or None
+        agent.prompt.text = row.get("system_prompt") or None
         messages = store.load_messages(session_id)
 
     def meta() -> dict[str, Any]:

@@ -100,8 +100,8 @@ class ConversationLoopMixin(AgentBase):
         check_messages(messages)
         messages = list(messages)
         if messages and messages[0].get("role") == "system":
-            self._system_prompt = str(messages[0].get("content") or "")
-            self._custom_prompt = True
+            self.prompt.text = str(messages[0].get("content") or "")
+            self.prompt.custom = True
             messages = messages[1:]
         self.session.adopt(messages)
 
@@ -117,8 +117,8 @@ class ConversationLoopMixin(AgentBase):
         if conversation_history is not None:
             self._adopt_history(conversation_history)
         if system_message is not None:
-            self._system_prompt = system_message
-            self._custom_prompt = True
+            self.prompt.text = system_message
+            self.prompt.custom = True
         for note in self.session.history.start_turn(user_message):
             self.callbacks.emit("status_callback", "repaired", note)
         return TurnState(

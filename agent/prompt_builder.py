@@ -11,12 +11,13 @@ ephemeral layer instead, so the cached prefix does not move.
 from __future__ import annotations
 
 import platform
+from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
 
 from mibyan.agent.memory import MemoryStore
 from mibyan.agent.protocol import AgentBase
-from mibyan.agent.skills import Skill, discover_skills, match_skills, skills_index
+from mibyan.agent.skills import SemanticMatcher, Skill, discover_skills, match_skills, skills_index
 
 DEFAULT_PERSONA = """You are mibyan, a capable software engineering agent working in the user's terminal.
 You help by reading and changing files and running tools. Be direct and accurate; say what you did."""
@@ -51,23 +52,39 @@ def capped(text: str, limit: int) -> str:
     return f"{text[:head]}\n\n{note}\n\n{text[-(limit - head) :]}"
 
 
+@dataclass
+class PromptState:
+    """The session's system prompt and how per-message skills are matched.
+
+    Attributes:
+        text: the prompt, built on first use (None until then, and after a compression) and then reused
+            byte for byte, so prompt caches hit.
+        custom: the caller gave the prompt (system_message, or a leading system message): never rebuilt.
+        skill_matcher: matches skills by meaning when `skills.embedding` is set.
+    """
+
+    text: str | None = None
+    custom: bool = False
+    skill_matcher: SemanticMatcher | None = None
+
+
 class PromptBuilderMixin(AgentBase):
     """Builds the system prompt once per session, and the per-message context layers."""
 
     def _session_system_prompt(self) -> str:
-        if self._system_prompt is None:
-            self._system_prompt = self._build_system_prompt()
-        return self._system_prompt
+        if self.prompt.text is None:
+            self.prompt.text = self._build_system_prompt()
+        return self.prompt.text
 
     def reload_prompt(self) -> str:
         """Rebuild the system prompt now (after a change to SOUL.md, the memory files or the skills).
 
         The new prompt is stored with the session, so a resume gets it too.
         """
-        self._system_prompt = self._build_system_prompt()
-        self._custom_prompt = False
-        self.session.store.set_system_prompt(self.session.session_id, self._system_prompt)
-        return self._system_prompt
+        text = self.prompt.text = self._build_system_prompt()
+        self.prompt.custom = False
+        self.session.store.set_system_prompt(self.session.session_id, text)
+        return text
 
     def _skills(self) -> list[Skill]:
         return discover_skills(self.home, Path.cwd())
@@ -99,8 +116,8 @@ class PromptBuilderMixin(AgentBase):
         """Skills whose triggers the message names, and stored facts relevant to it."""
         skills = self._skills()
         matched = match_skills(skills, message)
-        if self._skill_matcher is not None:
-            matched += [s for s in self._skill_matcher.match(skills, message) if s not in matched]
+        if self.prompt.skill_matcher is not None:
+            matched += [s for s in self.prompt.skill_matcher.match(skills, message) if s not in matched]
         layers = [f"[Skill: {s.name}]\n{s.body}" for s in matched]
         facts = self.session.store.relevant_facts(message)
         if facts:

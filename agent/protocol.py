@@ -10,7 +10,8 @@ mixin or in agent_init.py (which takes a typed `AIAgent`).
 explicitly must define every attribute the Protocol declares in its own body, and the agent's state is
 set by agent_init.py; with an ABC the methods are abstract and the attributes are plain declarations.
 The state itself is grouped in typed objects: `provider` (agent/providers.py), `session`
-(agent/session.py) and `tools` (agent/tool_executor.py); a run's own state is its TurnState.
+(agent/session.py), `prompt` (agent/prompt_builder.py) and `tools` (agent/tool_executor.py); a run's own
+state is its TurnState.
 """
 
 from __future__ import annotations
@@ -27,9 +28,9 @@ if TYPE_CHECKING:
     from mibyan.agent.errors import ProviderError
     from mibyan.agent.interruptible import InterruptSignal
     from mibyan.agent.messages import Message
+    from mibyan.agent.prompt_builder import PromptState
     from mibyan.agent.providers import ProviderState
     from mibyan.agent.session import SessionHandle
-    from mibyan.agent.skills import SemanticMatcher
     from mibyan.agent.tokens import TokenEstimator
     from mibyan.agent.tool_executor import ToolRuntime
     from mibyan.agent.turn_state import (
@@ -58,9 +59,7 @@ class AgentCore(ABC):
 
     # -- the session, its history and its prompt ----------------------------------------------------
     session: SessionHandle
-    _system_prompt: str | None
-    _custom_prompt: bool
-    _skill_matcher: SemanticMatcher | None
+    prompt: PromptState
 
     # -- tools and context ----------------------------------------------------------------------------
     tools: ToolRuntime

@@ -72,8 +72,8 @@ class OverflowMixin(AgentBase):
             return None
         for fact in result.facts:  # the memory flush: what must outlive the dropped messages
             self.session.store.add_fact(fact)
-        if not self._custom_prompt:
-            self._system_prompt = None  # rebuilt for the child: memory written meanwhile gets in
+        if not self.prompt.custom:
+            self.prompt.text = None  # rebuilt for the child: memory written meanwhile gets in
         engine.on_session_end(self.session.session_id)
         child = self.session.continue_in_child(result.messages)
         report = f"{result.describe()}; continuing in session {child} ({reason})"
