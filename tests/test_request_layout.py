@@ -80,3 +80,19 @@ def test_budget_notes_come_after_the_tool_results_and_leave_the_system_prompt_al
     assert note["role"] == "user"
     assert note["content"].startswith("[Iteration budget: 1 of 4 model calls left.")
     assert not any("Iteration budget" in json.dumps(m) for m in chats[3]["messages"][:-1])
+
+
+def test_in_responses_mode_the_notes_are_the_last_input_item_and_instructions_stay_put(
+    scripted: ScriptedModel, make_scripted_agent
+) -> None:
+    scripted.default = lambda body: Reply(tool_calls=[("list_directory", {"path": "."})])
+    agent = make_scripted_agent(api_mode="codex_responses", max_iterations=4)
+
+    agent.run_conversation("keep looking")
+
+    bodies = [seen.body for seen in scripted.requests]
+    assert len({body["instructions"] for body in bodies}) == 1
+    *_, output, note = bodies[2]["input"]
+    assert output["type"] == "function_call_output"
+    assert note["role"] == "user"
+    assert note["content"][0]["text"].startswith("[Iteration budget: 1 of 4 model calls left.")
