@@ -5,13 +5,15 @@ from __future__ import annotations
 import os
 import select
 import socket
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, run_cli
+from conftest import ROOT
 from loopback import Reply, ScriptedServer
 
 from mibyan.tools.registry import tool, unregister
@@ -118,7 +120,7 @@ def test_an_interrupt_cuts_a_web_fetch_that_waits_for_a_silent_server(
     assert silent_page.hung_up.wait(5), "the fetch kept its connection open after the interrupt"
 
 
-def test_a_tool_call_that_never_returns_does_not_keep_the_one_shot_process_alive(
+def test_a_tool_call_that_never_returns_does_not_keep_a_python_program_alive(
     server: ScriptedServer, home: Path, tmp_path: Path
 ) -> None:
     # A pre_tool_call hook that never returns stands for any tool stuck for good (a hung mount, a
@@ -130,18 +132,18 @@ def test_a_tool_call_that_never_returns_does_not_keep_the_one_shot_process_alive
         "agent: {api_max_retries: 0, tool_timeout: 0.3}\nhooks: {pre_tool_call: ['stuck_hook:forever']}\n"
     )
     server.add(Reply(tool_calls=[("list_directory", {"path": "."})]), Reply(text="gave up on the listing"))
+    program = (
+        "import sys\nfrom run_agent import AIAgent\n"
+        "with AIAgent(base_url=sys.argv[1], home=sys.argv[2]) as agent:\n    print(agent.chat('list it'))\n"
+    )
 
     # The call is abandoned after 0.3 s; a worker thread that is not a daemon would keep the
-    # interpreter waiting for it at exit, forever.
-    done = run_cli(
-        "chat",
-        "-q",
-        "list it",
-        "--base-url",
-        server.base_url,
-        "-Q",
-        home=home,
-        env={"PYTHONPATH": f"{ROOT}{os.pathsep}{tmp_path}"},
+    # interpreter waiting for it at exit, forever (the mibyan command itself ends with os._exit).
+    done = subprocess.run(
+        [sys.executable, "-c", program, server.base_url, str(home)],
+        env={**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{tmp_path}"},
+        capture_output=True,
+        text=True,
         timeout=20,
     )
 
