@@ -25,11 +25,10 @@ def test_eight_terminal_calls_run_at_once_and_land_in_order(
     # time all see eight. The bench prints how long they take.
     room = tmp_path / "room"
     room.mkdir()
-    wait = (
-        f"touch {room}/$ID; for _ in $(seq 200); do [ $(ls {room} | wc -l) -ge 8 ] && break; sleep 0.05; done"
-    )
+    wait = f"for _ in $(seq 200); do [ $(ls {room} | wc -l) -ge 8 ] && break; sleep 0.05; done"
     calls = [
-        ("terminal", {"command": f"ID={i}; {wait}; echo call-{i} saw $(ls {room} | wc -l)"}) for i in range(8)
+        ("terminal", {"command": f"touch {room}/{i}; {wait}; echo call-{i} saw $(ls {room} | wc -l)"})
+        for i in range(8)
     ]
     server.add(Reply(tool_calls=calls), Reply(text="all done"))
     agent = make_agent(yolo=False)
