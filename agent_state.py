@@ -37,11 +37,18 @@ def _masked(value: str | None) -> str | None:
     return mask_secrets(value) if value else value
 
 
-MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = []
+Migration = Callable[[sqlite3.Connection], None]
+MIGRATIONS: list[Migration] = []
+
+#: The migrations that were numbered by `PRAGMA user_version` before they were recorded by name, in the
+#: order that numbered them: a database at user_version N has the first N of these.
+_NUMBERED = ("_create_tables", "_create_session_events", "_create_todos", "_create_facts")
+_APPLIED_TABLE = "_mibyan_migrations"
 
 
-def migration(fn: Callable[[sqlite3.Connection], None]) -> Callable[[sqlite3.Connection], None]:
-    """Register a schema migration; they run once each, in order, tracked by `PRAGMA user_version`."""
+def migration(fn: Migration) -> Migration:
+    """Register a schema migration. Each runs once per database and is recorded by its name (the
+    function's name: never rename one), so inserting or reordering migrations cannot skip one."""
     MIGRATIONS.append(fn)
     return fn
 
@@ -212,16 +219,39 @@ def _insert_session(db: sqlite3.Connection, session_id: str, meta: dict[str, Any
     db.execute(f"INSERT OR IGNORE INTO sessions ({', '.join(columns)}) VALUES ({placeholders})", values)
 
 
+_DEFAULT_BUSY_TIMEOUT = 5.0
+
+
+def _busy_timeout_from_environment() -> float:
+    raw = os.environ.get("MIBYAN_BUSY_TIMEOUT")
+    if not raw:
+        return _DEFAULT_BUSY_TIMEOUT
+    try:
+        seconds = float(raw)
+    except ValueError:
+        raise StoreError(f"MIBYAN_BUSY_TIMEOUT: {raw!r} is not a number of seconds") from None
+    if not 0 <= seconds <= 3600:
+        raise StoreError(f"MIBYAN_BUSY_TIMEOUT: {raw!r} is not between 0 and 3600 seconds")
+    return seconds
+
+
 class SessionStore:
     """The session database. Thread-safe; several processes may use one file at once.
+
+    Args:
+        path: the database file (created 0600, its folder 0700).
+        read_only: open for reading only (a home that cannot be written).
+        busy_timeout: seconds one attempt waits for another process's write lock (three attempts, then
+            a StoreError); `$MIBYAN_BUSY_TIMEOUT`, else 5, when omitted.
 
     Raises:
         StoreError: the file is corrupt, not a database, or cannot be opened; it is never overwritten.
     """
 
-    def __init__(self, path: Path, *, read_only: bool = False) -> None:
+    def __init__(self, path: Path, *, read_only: bool = False, busy_timeout: float | None = None) -> None:
         self.path = path
         self.read_only = read_only
+        self._busy_timeout = busy_timeout if busy_timeout is not None else _busy_timeout_from_environment()
         self._lock = threading.RLock()
         try:
             self._db = self._connect_read_only() if read_only else self._connect()
@@ -236,9 +266,10 @@ class SessionStore:
         private_dir(self.path.parent)
         if not self.path.exists():
             os.close(os.open(self.path, os.O_CREAT | os.O_WRONLY, 0o600))
-        self._db = sqlite3.connect(self.path, timeout=5.0, check_same_thread=False, isolation_level=None)
+        wait = self._busy_timeout
+        self._db = sqlite3.connect(self.path, timeout=wait, check_same_thread=False, isolation_level=None)
         self._db.row_factory = sqlite3.Row
-        self._db.execute("PRAGMA busy_timeout = 5000")
+        self._db.execute(f"PRAGMA busy_timeout = {int(wait * 1000)}")
         self._db.execute("PRAGMA synchronous = NORMAL")
         self._db.execute("PRAGMA foreign_keys = ON")
         self._retry_while_locked(self._enable_wal)
@@ -268,9 +299,9 @@ class SessionStore:
         raise last
 
     @classmethod
-    def open(cls, home: Path) -> SessionStore:
+    def open(cls, home: Path, *, busy_timeout: float | None = None) -> SessionStore:
         private_dir(home)
-        return cls(home / "state.db")
+        return cls(home / "state.db", busy_timeout=busy_timeout)
 
     @classmethod
     def open_for_reading(cls, home: Path) -> SessionStore:
@@ -285,6 +316,12 @@ class SessionStore:
     def close(self) -> None:
         with self._lock:
             self._db.close()
+
+    def __enter__(self) -> SessionStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def _retry_while_locked(self, action: Callable[[], object], attempts: int = 40) -> None:
         """Run `action`, retrying with jitter while another process holds a lock SQLite won't wait on."""
@@ -304,14 +341,35 @@ class SessionStore:
             self._db.execute("PRAGMA journal_mode = WAL")
 
     def _migrate(self) -> None:
-        if self._db.execute("PRAGMA user_version").fetchone()[0] >= len(MIGRATIONS):
+        if not self._pending_migrations(self._db):
             return
         with self._transaction() as db:
             # Read again under the write lock: another process may have migrated meanwhile.
-            version = db.execute("PRAGMA user_version").fetchone()[0]
-            for number, step in enumerate(MIGRATIONS[version:], start=version + 1):
+            for step in self._pending_migrations(db):
                 step(db)
-                db.execute(f"PRAGMA user_version = {number}")
+                db.execute(
+                    f"INSERT INTO {_APPLIED_TABLE} (name, applied_at) VALUES (?, ?)",
+                    (step.__name__, time.time()),
+                )
+            # Older mibyan versions read user_version: tell them the numbered migrations are all there.
+            db.execute(f"PRAGMA user_version = {len(_NUMBERED)}")
+
+    @staticmethod
+    def _pending_migrations(db: sqlite3.Connection) -> list[Migration]:
+        """The registered migrations this database has not had, in their order."""
+        try:
+            applied = {row[0] for row in db.execute(f"SELECT name FROM {_APPLIED_TABLE}")}
+        except sqlite3.OperationalError:  # no table yet: a new database, or one numbered by user_version
+            if not db.in_transaction:
+                return list(MIGRATIONS)
+            db.execute(f"CREATE TABLE {_APPLIED_TABLE} (name TEXT PRIMARY KEY, applied_at REAL NOT NULL)")
+            numbered = db.execute("PRAGMA user_version").fetchone()[0]
+            applied = set(_NUMBERED[:numbered])
+            db.executemany(
+                f"INSERT INTO {_APPLIED_TABLE} (name, applied_at) VALUES (?, ?)",
+                [(name, time.time()) for name in sorted(applied)],
+            )
+        return [step for step in MIGRATIONS if step.__name__ not in applied]
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
@@ -322,7 +380,7 @@ class SessionStore:
         """
         with self._lock:
             try:
-                # The busy timeout waits 5 s per attempt; a few attempts give a clear error, not a hang.
+                # The busy timeout waits per attempt; a few attempts give a clear error, not a hang.
                 self._retry_while_locked(lambda: self._db.execute("BEGIN IMMEDIATE"), attempts=3)
             except sqlite3.DatabaseError as exc:
                 raise StoreError(self._write_failure(exc)) from None

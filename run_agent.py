@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import copy
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mibyan.agent.adapters.base import ToolSchema
 from mibyan.agent.agent_init import init_agent
 from mibyan.agent.conversation_loop import ConversationLoopMixin
+from mibyan.agent.lifecycle import LifecycleMixin
 from mibyan.agent.prompt_builder import PromptBuilderMixin
 from mibyan.agent.tool_executor import ToolExecutorMixin
 from mibyan.agent.turn_api_call import ApiCallMixin
@@ -17,6 +18,14 @@ from mibyan.agent.turn_iteration_prep import IterationPrepMixin
 from mibyan.agent.turn_overflow import OverflowMixin
 from mibyan.agent.turn_recovery import RecoveryMixin
 from mibyan.agent.turn_truncation import TruncationMixin
+
+if TYPE_CHECKING:
+    import httpx2
+
+    from agent_state import SessionStore
+    from mibyan.agent.hooks import Hooks
+    from mibyan.agent.providers import ProviderRuntime
+    from mibyan.tools.approval import ApprovalPolicy
 
 __all__ = ["AIAgent"]
 
@@ -31,6 +40,7 @@ class AIAgent(
     RecoveryMixin,
     ToolExecutorMixin,
     PromptBuilderMixin,
+    LifecycleMixin,
 ):
     """A mibyan agent: one provider chain, one tool selection, one session.
 
@@ -50,7 +60,12 @@ class AIAgent(
         source: who started the session ("cli", "python", "subagent", ...), shown in `mibyan sessions`.
         yolo: run dangerous commands without asking (hardline ones never run).
         denied_tools: tools this agent may not use, on top of `tools.deny`.
+        http_transport: an httpx2 transport for the model calls (e.g. `httpx2.MockTransport` in tests);
+            the default opens real connections.
         **callbacks: the callbacks of `agent.callbacks.Callbacks`, by name.
+
+    Use it as a context manager (`with AIAgent(...) as agent:`), or call `close()` when done: it holds a
+    database connection and HTTP connections.
 
     Raises:
         ConfigError: a broken configuration or a missing key, as one line naming the file and key.
@@ -72,6 +87,7 @@ class AIAgent(
         source: str = "python",
         yolo: bool = False,
         denied_tools: list[str] | None = None,
+        http_transport: httpx2.BaseTransport | None = None,
         **callbacks: Any,
     ) -> None:
         init_agent(
@@ -90,27 +106,34 @@ class AIAgent(
             source=source,
             yolo=yolo,
             denied_tools=denied_tools,
+            http_transport=http_transport,
             callbacks=callbacks,
         )
 
-    def close(self) -> None:
-        """Release what the agent holds: its tool threads, its HTTP connections and the session store.
+    @property
+    def runtime(self) -> ProviderRuntime:
+        """The provider talked to now: provider, model, API mode, address (after a failover, a fallback)."""
+        return self.provider.runtime
 
-        Everything it stored was committed as it happened; closing only lets go of the resources.
-        """
-        if self._tool_pool is not None:
-            self._tool_pool.shutdown(wait=False, cancel_futures=True)
-            self._tool_pool = None
-        if self._client is not None:
-            self._client[0].close()
-            self._client = None
-        self.store.close()
+    @property
+    def hooks(self) -> Hooks:
+        """Register hooks: `agent.hooks.register("pre_tool_call", fn)`."""
+        return self.tools.hooks
 
-    def __enter__(self) -> AIAgent:
-        return self
+    @property
+    def approvals(self) -> ApprovalPolicy:
+        """The approval policy of dangerous commands (`approvals.yolo` may be switched on the fly)."""
+        return self.tools.approvals
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    @property
+    def store(self) -> SessionStore:
+        """The session database."""
+        return self.session.store
+
+    @property
+    def session_id(self) -> str:
+        """The session written to now (after a compression, the child session)."""
+        return self.session.session_id
 
     def chat(self, message: str) -> str:
         """Send one message and return the final answer (the simple interface to run_conversation)."""
@@ -119,12 +142,12 @@ class AIAgent(
     @property
     def history(self) -> tuple[dict[str, Any], ...]:
         """The session's messages, oldest first: a copy, so reading it can never break the history."""
-        return tuple(copy.deepcopy(self._history.messages))
+        return tuple(copy.deepcopy(self.session.history.messages))
 
     @property
     def tool_schemas(self) -> tuple[ToolSchema, ...]:
         """The tools the model sees: name, description and argument schema of each."""
-        return tuple(self._tool_schemas)
+        return tuple(self.tools.schemas)
 
     def undo_last_turn(self) -> str | None:
         """Forget the last user message and everything after it, in the store too.
@@ -132,4 +155,4 @@ class AIAgent(
         Returns:
             What the user said in that turn, or None when there was nothing to undo.
         """
-        return self._history.undo_last_turn()
+        return self.session.history.undo_last_turn()

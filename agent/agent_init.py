@@ -4,135 +4,22 @@ from __future__ import annotations
 
 import logging
 import os
-import secrets
 import sys
 import threading
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlparse
 
 from mibyan.agent.errors import ConfigError
-from mibyan.config.loader import (
-    API_MODES,
-    AgentSettings,
-    ProviderSettings,
-    check_base_url,
-    load_settings,
-    mibyan_home,
-)
+from mibyan.agent.providers import ProviderRuntime, ProviderState, adapter_for, build_client, resolve_runtime
+from mibyan.agent.session import new_session_id
+from mibyan.config.loader import AgentSettings, load_settings, mibyan_home
 from mibyan.config.paths import write_private
 
 if TYPE_CHECKING:
-    from mibyan.agent.adapters.base import Adapter
+    from mibyan.agent.skills import SemanticMatcher
     from mibyan.tools.sandbox import Sandbox
-
-_LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1", "0.0.0.0"})
-
-
-@dataclass
-class ProviderRuntime:
-    """The provider the agent is talking to now: where, how, as whom, and which fallback it is."""
-
-    provider: str
-    api_mode: str
-    model: str
-    base_url: str
-    api_key: str
-    fallback_index: int = 0
-
-
-def resolve_api_mode(explicit: str | None, provider_mode: str | None, base_url: str | None) -> str:
-    """Explicit argument → the provider's configured mode → base-URL heuristics → chat_completions."""
-    if explicit:
-        if explicit not in API_MODES:
-            raise ConfigError(f"api_mode: unknown API mode '{explicit}' (known: {', '.join(API_MODES)})")
-        return explicit
-    if provider_mode:
-        return provider_mode
-    if base_url:
-        parsed = urlparse(base_url)
-        if parsed.hostname == "api.anthropic.com" or parsed.path.rstrip("/").endswith("/anthropic"):
-            return "anthropic_messages"
-    return "chat_completions"
-
-
-def is_loopback(base_url: str) -> bool:
-    return (urlparse(base_url).hostname or "") in _LOOPBACK_HOSTS
-
-
-def read_api_key(config: ProviderSettings, env: Mapping[str, str]) -> str | None:
-    """The provider's key, read now: its `api_key_command`, else its variable, else `api_key` in config."""
-    if config.api_key_command:
-        import subprocess
-
-        try:
-            done = subprocess.run(
-                config.api_key_command,
-                shell=True,
-                capture_output=True,
-                text=True,
-                timeout=30,
-                check=False,
-            )
-        except subprocess.TimeoutExpired:
-            raise ConfigError(f"api_key_command: '{config.api_key_command}' took longer than 30 s") from None
-        if done.returncode != 0:
-            raise ConfigError(f"api_key_command: '{config.api_key_command}' failed (exit {done.returncode})")
-        if done.stdout.strip():
-            return done.stdout.strip()
-    if config.api_key_env and env.get(config.api_key_env):
-        return env[config.api_key_env]
-    return config.api_key
-
-
-def resolve_runtime(
-    settings: AgentSettings,
-    *,
-    provider: str,
-    model: str,
-    base_url: str | None,
-    api_key: str | None,
-    api_mode: str | None,
-    env: Mapping[str, str],
-    fallback_index: int = 0,
-    home: Path | None = None,
-) -> ProviderRuntime:
-    """Work out the provider runtime; a missing key is a ConfigError saying how to provide one.
-
-    `home` is named in that message (`$MIBYAN_HOME` from `env` when omitted).
-    """
-    config = settings.providers.get(provider)
-    if config is None:
-        known = ", ".join(sorted(settings.providers))
-        raise ConfigError(f"unknown provider '{provider}' (known: {known})")
-    url = base_url or config.base_url
-    if not url:
-        raise ConfigError(f"providers.{provider}.base_url: not set; give the provider's API address")
-    if base_url:
-        try:
-            check_base_url(base_url)
-        except ValueError as exc:
-            raise ConfigError(f"base_url: {exc}") from None
-    key = api_key or read_api_key(config, env)
-    if not key:
-        if not is_loopback(url):
-            variable = config.api_key_env or f"providers.{provider}.api_key_env"
-            config_file = (home or mibyan_home(env)) / "config.yaml"
-            raise ConfigError(
-                f"no API key for provider '{provider}': set {variable}, or choose another provider "
-                f"with --provider / model.provider in {config_file}"
-            )
-        key = "not-needed"  # local servers (llama.cpp, vLLM, Ollama) take any key
-    return ProviderRuntime(
-        provider=provider,
-        api_mode=resolve_api_mode(api_mode, config.api_mode, url),
-        model=model,
-        base_url=url,
-        api_key=key,
-        fallback_index=fallback_index,
-    )
+    from run_agent import AIAgent
 
 
 def settings_overrides(
@@ -161,58 +48,8 @@ def settings_overrides(
     return overrides
 
 
-def new_session_id() -> str:
-    """A short id that is easy to type and unique enough for one person's sessions."""
-    return secrets.token_hex(5)
-
-
-def build_client(runtime: ProviderRuntime, settings: AgentSettings, transport: Any = None) -> Any:
-    """The SDK client for the runtime's API mode; the SDK is imported here, on first use.
-
-    `transport` (an AbortableTransport) lets the caller cut the client's connections from another thread.
-    """
-    from mibyan.agent.http_transport import AbortableTransport
-
-    timeout = settings.agent.api_timeout
-    transport = transport or AbortableTransport()
-    if runtime.api_mode == "anthropic_messages":
-        import anthropic
-
-        return anthropic.Anthropic(
-            api_key=runtime.api_key,
-            base_url=runtime.base_url,
-            max_retries=0,
-            timeout=timeout,
-            http_client=anthropic.DefaultHttpxClient(transport=transport),
-        )
-    import openai
-
-    return openai.OpenAI(
-        api_key=runtime.api_key,
-        base_url=runtime.base_url,
-        max_retries=0,
-        timeout=timeout,
-        http_client=openai.DefaultHttpxClient(transport=transport),
-    )
-
-
-def adapter_for(api_mode: str, settings: AgentSettings) -> Adapter:
-    """The adapter of an API mode (imported on use: each pulls in only what its mode needs)."""
-    if api_mode == "anthropic_messages":
-        from mibyan.agent.adapters.anthropic_messages import AnthropicMessagesAdapter
-
-        return AnthropicMessagesAdapter(thinking_budget=settings.agent.thinking_budget)
-    if api_mode == "codex_responses":
-        from mibyan.agent.adapters.codex_responses import CodexResponsesAdapter
-
-        return CodexResponsesAdapter()
-    from mibyan.agent.adapters.chat_completions import ChatCompletionsAdapter
-
-    return ChatCompletionsAdapter()
-
-
 def init_agent(
-    agent: Any,
+    agent: AIAgent,
     *,
     model: str | None,
     provider: str | None,
@@ -228,6 +65,7 @@ def init_agent(
     source: str,
     yolo: bool,
     denied_tools: list[str] | None,
+    http_transport: Any,
     callbacks: dict[str, Any],
 ) -> None:
     """Wire a new AIAgent: settings, provider runtime, adapter, tools, callbacks and session."""
@@ -235,7 +73,9 @@ def init_agent(
     from mibyan.agent.context_engine import load_engine
     from mibyan.agent.hooks import Hooks
     from mibyan.agent.interruptible import InterruptSignal
+    from mibyan.agent.prompt_builder import PromptState
     from mibyan.agent.tokens import TokenEstimator
+    from mibyan.agent.tool_executor import ToolRuntime
     from mibyan.tools.approval import ApprovalPolicy
     from model_tools import check_tool_selection, get_tool_definitions
 
@@ -252,7 +92,7 @@ def init_agent(
     settings = load_settings(home=home_path, overrides=overrides)
     agent.settings = settings
     agent.home = home_path
-    agent.runtime = resolve_runtime(
+    runtime = resolve_runtime(
         settings,
         provider=settings.model.provider,
         model=settings.model.name,
@@ -262,37 +102,39 @@ def init_agent(
         env=os.environ,
         home=home_path,
     )
-    agent._primary_runtime = agent.runtime
-    agent._failed_providers = {}
-    agent._adapter = adapter_for(agent.runtime.api_mode, settings)
-    agent._client = None
+    agent.provider = ProviderState(
+        runtime=runtime,
+        primary=runtime,
+        adapter=adapter_for(runtime.api_mode, settings),
+        http_transport=http_transport,
+    )
     agent._signal = InterruptSignal()
     agent._estimator = TokenEstimator()
-    agent._window = context_window(settings, agent.runtime, home_path)
+    agent._window = context_window(settings, runtime, home_path)
     agent._context_engine = load_engine(settings, agent._window, agent._estimator, make_summarizer(agent))
-    agent._tool_pool = None
-    agent.hooks = Hooks.from_config(settings.hooks)
-    agent.approvals = ApprovalPolicy(
-        ask=agent.callbacks.approval_callback,
-        yolo=yolo,
-        always=list(settings.approvals.always),
-        timeout=settings.approvals.timeout,
-        save_always=lambda key: remember_approval(home_path, key),
-    )
     check_tool_selection(settings.tools.toolsets, allow=settings.tools.allow, deny=settings.tools.deny)
     agent.sandbox = make_sandbox(settings, home_path, agent.callbacks, source=source)
-    agent._tool_schemas = get_tool_definitions(
-        settings.tools.toolsets,
-        allow=settings.tools.allow,
-        deny=[*settings.tools.deny, *(denied_tools or [])],
+    agent.tools = ToolRuntime(
+        schemas=get_tool_definitions(
+            settings.tools.toolsets,
+            allow=settings.tools.allow,
+            deny=[*settings.tools.deny, *(denied_tools or [])],
+        ),
+        approvals=ApprovalPolicy(
+            ask=agent.callbacks.approval_callback,
+            yolo=yolo,
+            always=list(settings.approvals.always),
+            timeout=settings.approvals.timeout,
+            save_always=lambda key: remember_approval(home_path, key),
+        ),
+        hooks=Hooks.from_config(settings.hooks),
     )
     agent.delegation_depth = 0
-    agent.parent_session_id = None
     agent._children = set()
     agent._children_lock = threading.Lock()
-    agent._system_prompt = None
-    agent._custom_prompt = False
-    agent._skill_matcher = make_skill_matcher(settings)
+    agent.prompt = PromptState(skill_matcher=make_skill_matcher(settings))
+    agent._running = threading.Lock()
+    agent._closed = False
     open_session(agent, session_id, source=source)
 
 
@@ -361,7 +203,7 @@ def remember_approval(home: Path, key: str) -> None:
     write_private(path, yaml.safe_dump(data, sort_keys=False).encode())
 
 
-def make_skill_matcher(settings: AgentSettings) -> Any:
+def make_skill_matcher(settings: AgentSettings) -> SemanticMatcher | None:
     """Semantic skill matching, when `skills.embedding` names an (OpenAI-compatible) embedding provider."""
     embedding = settings.skills.embedding
     if embedding is None:
@@ -388,40 +230,40 @@ def make_skill_matcher(settings: AgentSettings) -> Any:
     return SemanticMatcher(embed, settings.skills.threshold)
 
 
-def make_summarizer(agent: Any) -> Any:
+def make_summarizer(agent: AIAgent) -> Callable[[str, str], str]:
     """The compression summarizer: the `compression` side task through the auxiliary client."""
 
     def summarize(system_prompt: str, prompt: str) -> str:
         from mibyan.agent.auxiliary_client import AuxiliaryClient
 
-        return AuxiliaryClient(agent.settings, agent.runtime, "compression").complete(system_prompt, prompt)
+        return AuxiliaryClient(agent.settings, agent.provider.runtime, "compression").complete(
+            system_prompt, prompt
+        )
 
     return summarize
 
 
-def open_session(agent: Any, session_id: str | None, *, source: str) -> None:
+def open_session(agent: AIAgent, session_id: str | None, *, source: str) -> None:
     """Open the store and the session: a new one, or an existing one resumed at its newest descendant.
 
     A resumed session gets its stored system prompt back (so the provider's prompt cache stays warm)
     and its history repaired if an interrupt or crash left it broken; the repair is stored too.
     """
-    from agent_state import SessionSink, SessionStore
-    from mibyan.agent.messages import History
+    from agent_state import SessionStore
+    from mibyan.agent.session import SessionHandle
 
     store = SessionStore.open(agent.home)
-    agent.store = store
     messages: list[dict[str, Any]] = []
     if session_id is not None and store.get_session(session_id) is not None:
         session_id = store.newest_descendant(session_id)
         row = store.get_session(session_id) or {}
-        agent._system_prompt = row.get("system_prompt") or None
+        agent.prompt.text = row.get("system_prompt") or None
         messages = store.load_messages(session_id)
-    agent.session_id = session_id or new_session_id()
 
     def meta() -> dict[str, Any]:
-        runtime = agent.runtime  # read at call time: after a failover it is the fallback
+        runtime = agent.provider.runtime  # read at call time: after a failover it is the fallback
         return {
-            "parent_id": agent.parent_session_id,
+            "parent_id": agent.session.parent_id,
             "source": source,
             "model": runtime.model,
             "provider": runtime.provider,
@@ -430,8 +272,6 @@ def open_session(agent: Any, session_id: str | None, *, source: str) -> None:
             "cwd": str(Path.cwd()),
         }
 
-    agent._session_meta = meta
-    agent._sink = SessionSink(store, agent.session_id, meta)
-    agent._history = History(messages, sink=agent._sink)
-    for note in agent._history.repair():
+    agent.session = SessionHandle.open(store, session_id or new_session_id(), messages, meta)
+    for note in agent.session.history.repair():
         agent.callbacks.emit("status_callback", "repaired", note)

@@ -2,25 +2,16 @@
 
 from __future__ import annotations
 
-import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, assert_never
 
-from agent_state import SessionStore
-from mibyan.agent.adapters.base import NormalizedResponse, ToolSchema
+from mibyan.agent.adapters.base import NormalizedResponse
 from mibyan.agent.budget import IterationBudget
-from mibyan.agent.callbacks import Callbacks
-from mibyan.agent.errors import ProviderError
-from mibyan.agent.interruptible import InterruptSignal
-from mibyan.agent.messages import (
-    History,
-    Message,
-    MessageSink,
-    assistant_message,
-    check_messages,
-    user_message,
-)
+from mibyan.agent.errors import AgentBusyError
+from mibyan.agent.messages import Message, assistant_message, check_messages, user_message
+from mibyan.agent.protocol import AgentBase, AgentCore
 from mibyan.agent.turn_api_error import failover_cause
 from mibyan.agent.turn_state import (
     BudgetExhausted,
@@ -32,7 +23,6 @@ from mibyan.agent.turn_state import (
     PreparedRequest,
     TurnState,
 )
-from mibyan.config.loader import AgentSettings
 
 _SUMMARY_REQUEST = (
     "[You have used all {limit} model calls this task may make, so no more tools can run. "
@@ -40,37 +30,8 @@ _SUMMARY_REQUEST = (
 )
 
 
-class ConversationLoopMixin:
+class ConversationLoopMixin(AgentBase):
     """run_conversation(): begin the turn, loop over iterations, end the turn with a result."""
-
-    settings: AgentSettings
-    session_id: str
-    callbacks: Callbacks
-    _signal: InterruptSignal
-    _history: History
-    _budget: IterationBudget
-    _system_prompt: str | None
-    _custom_prompt: bool
-    _session_system_prompt: Callable[[], str]
-    _message_layers: Callable[[str], list[str]]
-    _prepare_iteration: Callable[[TurnState], PreparedRequest | Interrupted | BudgetExhausted]
-    _call_with_retries: Callable[[TurnState, PreparedRequest], NormalizedResponse | Interrupted | Failed]
-    _call_without_tools: Callable[[TurnState, str, list[Message]], NormalizedResponse | Interrupted | Failed]
-    _handle_truncation: Callable[
-        [TurnState, NormalizedResponse, PreparedRequest], NormalizedResponse | Continue | Interrupted | Failed
-    ]
-    _check_empty_reply: Callable[[TurnState, NormalizedResponse], NormalizedResponse | Continue | Failed]
-    _execute_tool_calls: Callable[[TurnState, list[dict[str, Any]]], Continue | Interrupted]
-    _sink: MessageSink | None
-    _children: set[ConversationLoopMixin]
-    _children_lock: threading.Lock
-    delegation_depth: int
-    parent_session_id: str | None
-    _tool_schemas: list[ToolSchema]
-    _restore_primary: Callable[[], None]
-    _compress_if_needed: Callable[[TurnState | None, float, str], None]
-    _fail_over: Callable[[ProviderError], bool]
-    store: SessionStore
 
     def interrupt(self) -> None:
         """Stop the running turn (and any subagents it started) as soon as possible. Safe from any thread."""
@@ -80,14 +41,14 @@ class ConversationLoopMixin:
         for child in children:
             child.interrupt()
 
-    def adopt_child(self, child: ConversationLoopMixin) -> None:
+    def adopt_child(self, child: AgentCore) -> None:
         """Register a subagent, so that interrupting this agent interrupts it too."""
         with self._children_lock:
             self._children.add(child)
         if self._signal.is_set():
             child.interrupt()
 
-    def release_child(self, child: ConversationLoopMixin) -> None:
+    def release_child(self, child: AgentCore) -> None:
         with self._children_lock:
             self._children.discard(child)
 
@@ -111,22 +72,38 @@ class ConversationLoopMixin:
         Returns:
             final_response, messages, session_id, task_id, api_calls, completed, interrupted,
             exit_reason ("completed" | "budget_exhausted" | "interrupted" | "error"), usage, error.
+
+        Raises:
+            AgentBusyError: this agent is running a conversation on another thread already, or is closed.
         """
-        turn = self._begin_turn(user_message, system_message, conversation_history, task_id)
-        step = self._loop(turn)
-        return self._end_turn(turn, step)
+        with self._one_run_at_a_time():
+            turn = self._begin_turn(user_message, system_message, conversation_history, task_id)
+            step = self._loop(turn)
+            return self._end_turn(turn, step)
+
+    @contextmanager
+    def _one_run_at_a_time(self) -> Iterator[None]:
+        if self._closed:
+            raise AgentBusyError("this agent is closed; create a new AIAgent")
+        if not self._running.acquire(blocking=False):
+            raise AgentBusyError(
+                "this agent is already running a conversation on another thread; "
+                "wait for it to finish, or use one AIAgent per conversation"
+            )
+        try:
+            yield
+        finally:
+            self._running.release()
 
     def _adopt_history(self, messages: list[Message]) -> None:
         """Make `messages` this session's history (stored as such); a leading system message is its prompt."""
         check_messages(messages)
         messages = list(messages)
         if messages and messages[0].get("role") == "system":
-            self._system_prompt = str(messages[0].get("content") or "")
-            self._custom_prompt = True
+            self.prompt.text = str(messages[0].get("content") or "")
+            self.prompt.custom = True
             messages = messages[1:]
-        self._history = History(messages, sink=self._sink)
-        if self._sink is not None:
-            self._sink.replace_messages(messages)
+        self.session.adopt(messages)
 
     def _begin_turn(
         self,
@@ -140,16 +117,16 @@ class ConversationLoopMixin:
         if conversation_history is not None:
             self._adopt_history(conversation_history)
         if system_message is not None:
-            self._system_prompt = system_message
-            self._custom_prompt = True
-        for note in self._history.start_turn(user_message):
+            self.prompt.text = system_message
+            self.prompt.custom = True
+        for note in self.session.history.start_turn(user_message):
             self.callbacks.emit("status_callback", "repaired", note)
-        self._budget = IterationBudget(self.settings.agent.max_turns)
         return TurnState(
             task_id=task_id or f"task_{uuid.uuid4().hex[:12]}",
-            history=self._history,
+            session=self.session,
             system_prompt=self._session_system_prompt(),
             message_layers=self._message_layers(user_message),
+            budget=IterationBudget(self.settings.agent.max_turns),
         )
 
     def _loop(self, turn: TurnState) -> NextStep:
@@ -180,8 +157,8 @@ class ConversationLoopMixin:
         stalled = failover_cause(usable)
         if stalled is not None and self._fail_over(stalled):
             turn.empty_replies = 0
-            if self._budget.remaining == 0:
-                self._budget.grant_grace_call()
+            if turn.budget.remaining == 0:
+                turn.budget.grant_grace_call()
             return Continue()
         if not isinstance(usable, NormalizedResponse):
             return usable
@@ -206,12 +183,11 @@ class ConversationLoopMixin:
         """One last call without tools, asking the model to sum up; its tool calls (if any) are not run."""
         if self._signal.is_set():
             return Interrupted()
-        note = _SUMMARY_REQUEST.format(limit=self._budget.limit)
-        messages = [*turn.history.messages, user_message(note)]
-        reply = self._call_without_tools(turn, turn.system_prompt, messages)
+        note = _SUMMARY_REQUEST.format(limit=turn.budget.limit)
+        reply = self._call_without_tools(turn, (user_message(note),), ())
         if not isinstance(reply, NormalizedResponse):
             return reply
-        text = reply.content or f"Stopped after {self._budget.limit} model calls without a final answer."
+        text = reply.content or f"Stopped after {turn.budget.limit} model calls without a final answer."
         turn.history.append(assistant_message(text, reasoning=reply.reasoning))
         return Final(text)
 
@@ -230,14 +206,16 @@ class ConversationLoopMixin:
             case _:
                 assert_never(step)
         if turn.api_calls:
-            self.store.add_usage(self.session_id, turn.usage.input_tokens, turn.usage.output_tokens)
+            self.session.store.add_usage(
+                self.session.session_id, turn.usage.input_tokens, turn.usage.output_tokens
+            )
         if isinstance(step, Final):
             # Between turns: a long session is compressed before it gets near the window.
             self._compress_if_needed(turn, self.settings.compression.gateway_threshold, "between turns")
         return {
             "final_response": turn.final_response,
             "messages": list(turn.history.messages),
-            "session_id": self.session_id,
+            "session_id": self.session.session_id,
             "task_id": turn.task_id,
             "api_calls": turn.api_calls,
             "completed": turn.exit_reason == "completed",

@@ -68,3 +68,10 @@ class ToolError(MibyanError):
 
 class TurnInterrupted(MibyanError):
     """Control signal: the user (or a caller on another thread) interrupted the running turn."""
+
+
+class AgentBusyError(MibyanError):
+    """`run_conversation` was called on an agent that is already running one, or is closed.
+
+    One agent holds one conversation; run conversations at once with one agent each.
+    """

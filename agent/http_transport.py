@@ -18,10 +18,13 @@ import httpx2
 
 
 class AbortableTransport(httpx2.BaseTransport):
-    """The default httpx2 transport, plus `abort()`: shut down every connection it opened, for good."""
+    """The default httpx2 transport (or `inner`), plus `abort()`: shut down every connection it opened.
 
-    def __init__(self, **kwargs: Any) -> None:
-        self._inner = httpx2.HTTPTransport(**kwargs)
+    After `abort()` it refuses new requests, for good.
+    """
+
+    def __init__(self, inner: httpx2.BaseTransport | None = None, **kwargs: Any) -> None:
+        self._inner = inner if inner is not None else httpx2.HTTPTransport(**kwargs)
         self._sockets: weakref.WeakSet[socket.socket] = weakref.WeakSet()
         self._lock = threading.Lock()
         self._aborted = False

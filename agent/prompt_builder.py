@@ -11,11 +11,12 @@ ephemeral layer instead, so the cached prefix does not move.
 from __future__ import annotations
 
 import platform
+from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
 
-from agent_state import SessionStore
 from mibyan.agent.memory import MemoryStore
+from mibyan.agent.protocol import AgentBase
 from mibyan.agent.skills import SemanticMatcher, Skill, discover_skills, match_skills, skills_index
 
 DEFAULT_PERSONA = """You are mibyan, a capable software engineering agent working in the user's terminal.
@@ -51,30 +52,39 @@ def capped(text: str, limit: int) -> str:
     return f"{text[:head]}\n\n{note}\n\n{text[-(limit - head) :]}"
 
 
-class PromptBuilderMixin:
+@dataclass
+class PromptState:
+    """The session's system prompt and how per-message skills are matched.
+
+    Attributes:
+        text: the prompt, built on first use (None until then, and after a compression) and then reused
+            byte for byte, so prompt caches hit.
+        custom: the caller gave the prompt (system_message, or a leading system message): never rebuilt.
+        skill_matcher: matches skills by meaning when `skills.embedding` is set.
+    """
+
+    text: str | None = None
+    custom: bool = False
+    skill_matcher: SemanticMatcher | None = None
+
+
+class PromptBuilderMixin(AgentBase):
     """Builds the system prompt once per session, and the per-message context layers."""
 
-    _system_prompt: str | None
-    _custom_prompt: bool
-    session_id: str
-    home: Path
-    store: SessionStore
-    _skill_matcher: SemanticMatcher | None
-
     def _session_system_prompt(self) -> str:
-        if self._system_prompt is None:
-            self._system_prompt = self._build_system_prompt()
-        return self._system_prompt
+        if self.prompt.text is None:
+            self.prompt.text = self._build_system_prompt()
+        return self.prompt.text
 
     def reload_prompt(self) -> str:
         """Rebuild the system prompt now (after a change to SOUL.md, the memory files or the skills).
 
         The new prompt is stored with the session, so a resume gets it too.
         """
-        self._system_prompt = self._build_system_prompt()
-        self._custom_prompt = False
-        self.store.set_system_prompt(self.session_id, self._system_prompt)
-        return self._system_prompt
+        text = self.prompt.text = self._build_system_prompt()
+        self.prompt.custom = False
+        self.session.store.set_system_prompt(self.session.session_id, text)
+        return text
 
     def _skills(self) -> list[Skill]:
         return discover_skills(self.home, Path.cwd())
@@ -106,10 +116,10 @@ class PromptBuilderMixin:
         """Skills whose triggers the message names, and stored facts relevant to it."""
         skills = self._skills()
         matched = match_skills(skills, message)
-        if self._skill_matcher is not None:
-            matched += [s for s in self._skill_matcher.match(skills, message) if s not in matched]
+        if self.prompt.skill_matcher is not None:
+            matched += [s for s in self.prompt.skill_matcher.match(skills, message) if s not in matched]
         layers = [f"[Skill: {s.name}]\n{s.body}" for s in matched]
-        facts = self.store.relevant_facts(message)
+        facts = self.session.store.relevant_facts(message)
         if facts:
             text = capped("\n".join(f"- {fact}" for fact in facts), _FACTS_CAP)
             layers.append(f"[Facts you stored that may be relevant]\n{text}")

@@ -6,6 +6,10 @@ system prompt. One moves with the conversation: the last block of the newest use
 or the newest tool results). The API also looks for cached prefixes at the block boundaries before a
 breakpoint, so the prefix the previous request wrote is read back, and no earlier marker has to be
 taken away: each request is the previous one, byte for byte, up to its breakpoint, plus what is new.
+
+Ephemeral notes (matched skills and facts, budget and context-pressure warnings) change from call to
+call, so they never go into the system prompt or before a breakpoint: they are appended at the very end
+of the request, after the last marker, where every API mode's prefix cache has already matched.
 """
 
 from __future__ import annotations
@@ -42,5 +46,35 @@ def apply_prompt_caching(body: dict[str, Any], api_mode: str) -> dict[str, Any]:
         content[-1] = {**content[-1], "cache_control": _EPHEMERAL}
         messages[index] = {**message, "content": content}
         marked += 1
+    body["messages"] = messages
+    return body
+
+
+def append_ephemeral_notes(body: dict[str, Any], api_mode: str, notes: tuple[str, ...]) -> dict[str, Any]:
+    """Return the body with `notes` at its end, after the last cache breakpoint (unchanged without notes).
+
+    They join the last user turn when the request ends with one (so roles still alternate), and are a
+    user turn of their own after tool results.
+    """
+    if not notes:
+        return body
+    text = "\n\n".join(notes)
+    body = dict(body)
+    if api_mode == "codex_responses":
+        note = {"role": "user", "content": [{"type": "input_text", "text": text}]}
+        body["input"] = [*body.get("input", []), note]
+        return body
+    messages = list(body.get("messages") or [])
+    last = messages[-1] if messages else None
+    if api_mode == "anthropic_messages":
+        block = {"type": "text", "text": text}
+        if last is not None and last["role"] == "user":
+            messages[-1] = {**last, "content": [*last["content"], block]}
+        else:
+            messages.append({"role": "user", "content": [block]})
+    elif last is not None and last["role"] == "user" and isinstance(last.get("content"), str):
+        messages[-1] = {**last, "content": f"{last['content']}\n\n{text}"}
+    else:
+        messages.append({"role": "user", "content": text})
     body["messages"] = messages
     return body

@@ -13,32 +13,36 @@ once, running tools are told to stop, and every unfinished call gets an "interru
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable
 from concurrent.futures import wait as wait_for_futures
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-from agent_state import SessionStore
 from mibyan.agent.adapters.base import ToolSchema, Usage
-from mibyan.agent.callbacks import Callbacks
 from mibyan.agent.errors import ToolError
 from mibyan.agent.hooks import Hooks
-from mibyan.agent.interruptible import InterruptSignal
 from mibyan.agent.messages import INTERRUPTED_RESULT, tool_message
+from mibyan.agent.protocol import AgentBase
+from mibyan.agent.tool_threads import RunningCall, start_call
 from mibyan.agent.turn_state import Continue, Interrupted, TurnState
-from mibyan.config.loader import AgentSettings
 from mibyan.tools import context
 from mibyan.tools.approval import ApprovalPolicy
 from mibyan.tools.memory_tools import apply_memory, list_skills, view_skill
 from mibyan.tools.registry import ToolSpec, get_tool
-from mibyan.tools.sandbox import Sandbox
 from mibyan.tools.session_tools import search_sessions
 from mibyan.tools.todo import apply_todo
 from model_tools import check_arguments, parse_arguments, run_tool
+
+log = logging.getLogger("mibyan.tools")
+
+#: An agent-level tool's handler: the call's arguments and its turn in, the result text out.
+AgentLevelTool = Callable[[dict[str, Any], TurnState], str]
 
 _PREVIEW_CHARS = 200
 #: After an interrupt, how long running tools get to stop (kill their processes) before the turn returns.
@@ -54,6 +58,21 @@ def cap_result(text: str, limit: int) -> str:
     tail = limit - head
     cut = len(text) - head - tail
     return f"{text[:head]}\n\n[... {cut} characters cut from the middle of this output ...]\n\n{text[-tail:]}"
+
+
+@dataclass
+class ToolRuntime:
+    """What the agent runs tools with.
+
+    Attributes:
+        schemas: the tools the model sees (the selection of toolsets, allow and deny lists).
+        approvals: who decides whether a dangerous command runs (`yolo` may be switched on the fly).
+        hooks: the pre/post tool and LLM call hooks.
+    """
+
+    schemas: list[ToolSchema]
+    approvals: ApprovalPolicy
+    hooks: Hooks
 
 
 @dataclass
@@ -74,30 +93,12 @@ class PlannedCall:
         return self.spec is not None and self.spec.interactive
 
 
-class ToolExecutorMixin:
+class ToolExecutorMixin(AgentBase):
     """Runs the tool calls of a reply and appends their results."""
-
-    settings: AgentSettings
-    callbacks: Callbacks
-    hooks: Hooks
-    approvals: ApprovalPolicy
-    sandbox: Sandbox
-    store: SessionStore
-    session_id: str
-    home: Path
-    _signal: InterruptSignal
-    _tool_pool: ThreadPoolExecutor | None
-    _tool_schemas: list[ToolSchema]
-
-    def _pool(self) -> ThreadPoolExecutor:
-        if self._tool_pool is None:
-            workers = self.settings.agent.max_parallel_tools
-            self._tool_pool = ThreadPoolExecutor(workers, thread_name_prefix="mibyan-tool")
-        return self._tool_pool
 
     # -- agent-level tools: they read or change the agent's own state ---------------------------------
 
-    def _agent_level_tool(self, name: str) -> Any:
+    def _agent_level_tool(self, name: str) -> AgentLevelTool | None:
         handlers = {
             "session_search": self._session_search,
             "clarify": self._clarify,
@@ -110,7 +111,7 @@ class ToolExecutorMixin:
         return handlers.get(name)
 
     def _memory(self, args: dict[str, Any], turn: TurnState) -> str:
-        return apply_memory(self.home, self.store, args)
+        return apply_memory(self.home, self.session.store, args)
 
     def _skills_list(self, args: dict[str, Any], turn: TurnState) -> str:
         return list_skills(self.home)
@@ -119,7 +120,7 @@ class ToolExecutorMixin:
         return view_skill(self.home, str(args["name"]))
 
     def _todo(self, args: dict[str, Any], turn: TurnState) -> str:
-        return apply_todo(self.store, self.session_id, args)
+        return apply_todo(self.session.store, self.session.session_id, args)
 
     def _delegate(self, args: dict[str, Any], turn: TurnState) -> str:
         from mibyan.tools.delegation import run_delegation
@@ -128,16 +129,16 @@ class ToolExecutorMixin:
             with turn.lock:
                 turn.usage.add(Usage(**{k: v for k, v in usage.items() if k != "total_tokens"}))
 
-        return run_delegation(self, args, add_usage)  # type: ignore[arg-type]
+        return run_delegation(self, args, add_usage)
 
     def _session_search(self, args: dict[str, Any], turn: TurnState) -> str:
         return search_sessions(
-            self.store,
+            self.session.store,
             query=str(args["query"]),
             role=args.get("role"),
             since=args.get("since"),
             scope=str(args.get("scope", "all")),
-            current_lineage=self.store.lineage(self.session_id),
+            current_lineage=self.session.store.lineage(self.session.session_id),
             limit=int(args.get("limit", 10)),
         )
 
@@ -161,7 +162,7 @@ class ToolExecutorMixin:
         try:
             if plan.spec is None:
                 raise ToolError(f"unknown tool {plan.name!r}")
-            if all(schema.name != plan.name for schema in self._tool_schemas):
+            if all(schema.name != plan.name for schema in self.tools.schemas):
                 # Only what the model was offered runs: tools.allow/deny and a subagent's narrower
                 # selection are limits on what runs, not just on what the model is shown.
                 raise ToolError(
@@ -196,14 +197,14 @@ class ToolExecutorMixin:
         )
         token = context.bind(bound)
         try:
-            reason = self.hooks.before_tool(plan.name, args, task_id)
+            reason = self.tools.hooks.before_tool(plan.name, args, task_id)
             if reason is not None:
                 return f"blocked by a hook: {reason}", False
             if spec.dangerous is not None:
                 verdict = spec.dangerous(args)
                 subject = spec.subject(args) if spec.subject is not None else None
                 subject = subject or str(args.get("command") or json.dumps(args, ensure_ascii=False))
-                allowed, why = self.approvals.decide(subject, verdict)
+                allowed, why = self.tools.approvals.decide(subject, verdict)
                 if not allowed:
                     self.callbacks.emit("status_callback", "denied", f"{plan.name}: {why}")
                     return why, False
@@ -211,10 +212,13 @@ class ToolExecutorMixin:
                 token = context.bind(replace(bound, approved=verdict))
             handler = self._agent_level_tool(plan.name)
             result = handler(args, turn) if handler is not None else run_tool(spec, args, task_id)
-            result = self.hooks.after_tool(plan.name, args, result, task_id)
+            result = self.tools.hooks.after_tool(plan.name, args, result, task_id)
             return cap_result(result, spec.max_result_chars), True
         except ToolError as exc:
             return f"error: {exc}", False
+        except Exception as exc:  # the tool boundary: any failure becomes text for the model, never a crash
+            log.warning("tool %s failed", plan.name, exc_info=exc)
+            return f"error: {type(exc).__name__}: {exc}", False
         finally:
             context.unbind(token)
 
@@ -265,15 +269,15 @@ class ToolExecutorMixin:
         """Run every call of a reply; append each result in the calls' order as soon as it is ready."""
         plans = [self._plan(call) for call in calls]
         results: dict[int, tuple[str, bool]] = {}
-        running: dict[int, tuple[Future[tuple[str, bool]], float]] = {}
+        running: dict[int, RunningCall[tuple[str, bool]]] = {}
         pending = list(range(len(plans)))
         appended = 0
         limit = self.settings.agent.max_parallel_tools
         while True:
-            for index, (future, deadline) in list(running.items()):
-                if future.done():
-                    results[index] = future.result()
-                elif time.monotonic() >= deadline:
+            for index, call in list(running.items()):
+                if call.future.done():
+                    results[index] = call.future.result()
+                elif time.monotonic() >= call.deadline():
                     results[index] = (
                         f"error: {plans[index].name} did not finish within "
                         f"{plans[index].timeout:g} s and was abandoned",
@@ -291,13 +295,17 @@ class ToolExecutorMixin:
                 return self._stop_tools(turn, plans, results, running, appended)
             for index in list(pending):
                 if len(running) < limit and self._can_start(index, plans, set(results), set(running)):
-                    future = self._pool().submit(self._run_with_progress, plans[index], turn)
-                    future.add_done_callback(lambda _f: self._signal.notify())
-                    running[index] = (future, time.monotonic() + plans[index].timeout)
+                    plan = plans[index]
+                    running[index] = start_call(
+                        partial(self._run_with_progress, plan, turn),
+                        timeout=plan.timeout,
+                        on_done=self._signal.notify,
+                    )
                     pending.remove(index)
-            nearest = min(deadline for _, deadline in running.values())
+            nearest = min(call.deadline() for call in running.values())
             self._signal.wait_until(
-                lambda: any(f.done() for f, _ in running.values()), max(0.0, nearest - time.monotonic())
+                lambda: any(call.future.done() for call in running.values()),
+                max(0.0, nearest - time.monotonic()),
             )
 
     def _stop_tools(
@@ -305,17 +313,17 @@ class ToolExecutorMixin:
         turn: TurnState,
         plans: list[PlannedCall],
         results: dict[int, tuple[str, bool]],
-        running: dict[int, tuple[Future[tuple[str, bool]], float]],
+        running: dict[int, RunningCall[tuple[str, bool]]],
         appended: int,
     ) -> Interrupted:
         """After an interrupt: give running tools a moment to stop, then close every call with a result."""
         # The interrupt signal is set, so wait on the futures themselves, not on the signal.
-        wait_for_futures([future for future, _ in running.values()], timeout=_STOP_GRACE)
+        wait_for_futures([call.future for call in running.values()], timeout=_STOP_GRACE)
         for index in range(appended, len(plans)):
             result = results.get(index)
-            future_entry = running.get(index)
-            if result is None and future_entry is not None and future_entry[0].done():
-                result = future_entry[0].result()
+            entry = running.get(index)
+            if result is None and entry is not None and entry.future.done():
+                result = entry.future.result()
             self._append_result(turn, plans[index], *(result or (INTERRUPTED_RESULT, False)), count=False)
         return Interrupted()
 

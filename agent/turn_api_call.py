@@ -2,54 +2,39 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from mibyan.agent.adapters.base import Adapter, CallHandle, NormalizedResponse, WireRequest
-from mibyan.agent.agent_init import ProviderRuntime, build_client
-from mibyan.agent.callbacks import Callbacks, StreamRelay
-from mibyan.agent.hooks import Hooks
+from mibyan.agent.adapters.base import CallHandle, NormalizedResponse, WireRequest
+from mibyan.agent.callbacks import StreamRelay
 from mibyan.agent.http_transport import AbortableTransport
-from mibyan.agent.interruptible import InterruptSignal, call_interruptibly
-from mibyan.agent.prompt_caching import apply_prompt_caching
-from mibyan.agent.tokens import TokenEstimator
+from mibyan.agent.interruptible import call_interruptibly
+from mibyan.agent.prompt_caching import append_ephemeral_notes, apply_prompt_caching
+from mibyan.agent.protocol import AgentBase
 from mibyan.agent.turn_state import PreparedRequest, TurnState
-from mibyan.config.loader import AgentSettings
+
+if TYPE_CHECKING:
+    pass
 
 #: Slack over the SDK's own timeout, so the SDK's clearer timeout error normally wins the race.
 _TIMEOUT_SLACK = 5.0
 
 
-class ApiCallMixin:
+class ApiCallMixin(AgentBase):
     """Makes one model call: request building, caching markers, the call itself, usage accounting."""
-
-    settings: AgentSettings
-    runtime: ProviderRuntime
-    callbacks: Callbacks
-    _signal: InterruptSignal
-    _client: tuple[Any, AbortableTransport] | None
-    _adapter: Adapter
-    hooks: Hooks
-    _estimator: TokenEstimator
-
-    def _sdk_client(self) -> tuple[Any, AbortableTransport]:
-        if self._client is None:
-            transport = AbortableTransport()
-            self._client = (build_client(self.runtime, self.settings, transport), transport)
-        return self._client
 
     def _abandon_call(self, handle: CallHandle, client: tuple[Any, AbortableTransport]) -> None:
         # Cutting the connections stops the provider generating for nobody; the next call gets a new client.
         handle.abandoned = True
         client[1].abort()
-        if self._client is client:
-            self._client = None
+        if self.provider.client is client:
+            self.provider.client = None
 
     def _call_model_once(self, turn: TurnState, request: PreparedRequest) -> NormalizedResponse:
         """One call to the model. Raises TurnInterrupted, ProviderError or the SDK's own errors."""
         agent = self.settings.agent
-        body = self._adapter.build_request(
+        body = self.provider.adapter.build_request(
             WireRequest(
-                model=self.runtime.model,
+                model=self.provider.runtime.model,
                 system_prompt=request.system_prompt,
                 messages=request.messages,
                 tools=request.tools,
@@ -59,16 +44,17 @@ class ApiCallMixin:
                 allow_tool_calls=request.allow_tool_calls,
             )
         )
-        body = apply_prompt_caching(body, self.runtime.api_mode)
-        self.hooks.before_llm(request.messages, request.tools)
-        client = self._sdk_client()
+        body = apply_prompt_caching(body, self.provider.runtime.api_mode)
+        body = append_ephemeral_notes(body, self.provider.runtime.api_mode, request.notes)
+        self.tools.hooks.before_llm(request.messages, request.tools)
+        client = self.provider.sdk_client(self.settings)
         sdk = client[0]
         handle = CallHandle()
         relay = StreamRelay(self.callbacks, self._signal, turn.shown_text, turn.shown_reasoning)
         relay.start()
         try:
             response = call_interruptibly(
-                lambda: self._adapter.send(
+                lambda: self.provider.adapter.send(
                     sdk,
                     body,
                     stream=agent.stream,
@@ -92,5 +78,5 @@ class ApiCallMixin:
         turn.usage.add(response.usage)
         if turn.request_estimate and response.usage.input_tokens:
             self._estimator.calibrate(turn.request_estimate, response.usage.input_tokens)
-        self.hooks.after_llm(response)
+        self.tools.hooks.after_llm(response)
         return response

@@ -11,15 +11,11 @@ import logging
 import os
 import random
 import time
-from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from agent_state import SessionStore
-from mibyan.agent.adapters.base import Adapter, NormalizedResponse, ToolSchema
-from mibyan.agent.agent_init import ProviderRuntime, adapter_for, read_api_key, resolve_runtime
-from mibyan.agent.callbacks import Callbacks, ShownText
+from mibyan.agent.adapters.base import NormalizedResponse
+from mibyan.agent.callbacks import ShownText
 from mibyan.agent.errors import (
     RETRYABLE_REASONS,
     ConfigError,
@@ -28,10 +24,11 @@ from mibyan.agent.errors import (
     ProviderErrorReason,
     TurnInterrupted,
 )
-from mibyan.agent.interruptible import InterruptSignal
 from mibyan.agent.messages import Message
+from mibyan.agent.protocol import AgentBase
+from mibyan.agent.providers import ProviderRuntime, read_api_key, resolve_runtime
 from mibyan.agent.turn_state import Failed, Interrupted, PreparedRequest, TurnState
-from mibyan.config.loader import AgentSettings, load_settings
+from mibyan.config.loader import load_settings
 
 log = logging.getLogger("mibyan.api")
 
@@ -127,7 +124,7 @@ def backoff_delay(attempt: int, retry_after: float | None, cap: float) -> float:
 _FAILOVER_REASONS = (RETRYABLE_REASONS - {"malformed_reply"}) | {"auth", "incomplete_response"}
 
 
-class ApiErrorMixin:
+class ApiErrorMixin(AgentBase):
     """Wraps the model call in classification, retries with back-off, credential refresh and failover.
 
     Transient failures are retried on the same provider (`agent.api_max_retries`, back-off with jitter,
@@ -135,22 +132,6 @@ class ApiErrorMixin:
     asks to wait longer than that, the next provider of `fallback_providers` continues the conversation;
     a 401/403 first re-reads the key once. The primary is tried again at the next user turn.
     """
-
-    settings: AgentSettings
-    callbacks: Callbacks
-    runtime: ProviderRuntime
-    session_id: str
-    store: SessionStore
-    home: Path
-    _signal: InterruptSignal
-    _tool_schemas: list[ToolSchema]
-    _client: Any
-    _adapter: Adapter
-    _primary_runtime: ProviderRuntime
-    _failed_providers: dict[tuple[str, str], float]
-
-    _call_model_once: Callable[[TurnState, PreparedRequest], NormalizedResponse]
-    _recover_from_overflow: Callable[[TurnState, ProviderError], ProviderError | None]
 
     def _call_with_retries(
         self, turn: TurnState, request: PreparedRequest
@@ -165,11 +146,20 @@ class ApiErrorMixin:
             return outcome
 
     def _call_without_tools(
-        self, turn: TurnState, system_prompt: str, messages: list[Message]
+        self, turn: TurnState, extra_messages: tuple[Message, ...], notes: tuple[str, ...]
     ) -> NormalizedResponse | Interrupted | Failed:
-        """A call that describes the tools but may not use them (summaries, continuations)."""
+        """A call that describes the tools but may not use them (summaries, continuations).
+
+        `extra_messages` follow the history in this request only; a retry (after a compression, too)
+        sends them again.
+        """
         request = PreparedRequest(
-            system_prompt=system_prompt, messages=messages, tools=self._tool_schemas, allow_tool_calls=False
+            system_prompt=turn.system_prompt,
+            history=turn.history.messages,
+            tools=self.tools.schemas,
+            extra_messages=extra_messages,
+            notes=notes,
+            allow_tool_calls=False,
         )
         return self._call_with_retries(turn, request)
 
@@ -190,7 +180,8 @@ class ApiErrorMixin:
                 unrecoverable = self._recover_from_overflow(turn, error)
                 if unrecoverable is not None:
                     return Failed(unrecoverable)
-                request = dataclasses.replace(request, messages=turn.history.messages)  # the compressed one
+                # The compressed history, with the same request-only messages and notes as before.
+                request = dataclasses.replace(request, history=turn.history.messages)
                 continue
             if error.reason == "auth" and not refreshed:
                 refreshed = True
@@ -199,7 +190,7 @@ class ApiErrorMixin:
             wait_cap = self.settings.agent.max_retry_wait
             asks_too_long = error.retry_after is not None and error.retry_after > wait_cap
             if not error.retryable or attempt >= retries or (asks_too_long and self._has_fallback()):
-                return Failed(located(error, self.runtime))
+                return Failed(located(error, self.provider.runtime))
             delay = backoff_delay(attempt, error.retry_after, wait_cap)
             attempt += 1
             self.callbacks.emit(
@@ -216,33 +207,33 @@ class ApiErrorMixin:
         """Re-read the key (command, variable, config file); True when a different key was found."""
         try:
             settings = load_settings(home=self.home)
-            config = settings.providers.get(self.runtime.provider)
+            config = settings.providers.get(self.provider.runtime.provider)
             key = read_api_key(config, os.environ) if config is not None else None
         except MibyanError as exc:
             self.callbacks.emit("status_callback", "auth", f"could not re-read the key: {exc}")
             return False
-        if not key or key == self.runtime.api_key:
+        if not key or key == self.provider.runtime.api_key:
             return False
-        self.runtime.api_key = key
-        self._client = None
+        self.provider.runtime.api_key = key
+        self.provider.drop_client()
         self.callbacks.emit(
-            "status_callback", "auth", f"re-read the key of {self.runtime.provider}; retrying"
+            "status_callback", "auth", f"re-read the key of {self.provider.runtime.provider}; retrying"
         )
         return True
 
     def _has_fallback(self) -> bool:
-        return self.runtime.fallback_index < len(self.settings.fallback_providers)
+        return self.provider.runtime.fallback_index < len(self.settings.fallback_providers)
 
     def _fail_over(self, error: ProviderError) -> bool:
         """Switch to the next healthy fallback provider; False when none is left."""
         now = time.monotonic()
-        self._failed_providers[(self.runtime.provider, self.runtime.model)] = now
+        self.provider.failed[(self.provider.runtime.provider, self.provider.runtime.model)] = now
         interval = self.settings.agent.health_check_interval
         chain = self.settings.fallback_providers
-        for index in range(self.runtime.fallback_index, len(chain)):
+        for index in range(self.provider.runtime.fallback_index, len(chain)):
             entry = chain[index]
-            model = entry.model or self._primary_runtime.model
-            failed_at = self._failed_providers.get((entry.provider, model))
+            model = entry.model or self.provider.primary.model
+            failed_at = self.provider.failed.get((entry.provider, model))
             if failed_at is not None and now - failed_at < interval:
                 continue
             try:
@@ -266,18 +257,16 @@ class ApiErrorMixin:
         return False
 
     def _switch_runtime(self, runtime: ProviderRuntime, why: str) -> None:
-        old = self.runtime
-        self.runtime = runtime
-        self._adapter = adapter_for(runtime.api_mode, self.settings)
-        self._client = None
+        old = self.provider.runtime
+        self.provider.switch_to(runtime, self.settings)
         message = f"switched from {old.provider}/{old.model} to {runtime.provider}/{runtime.model} ({why})"
         self.callbacks.emit("status_callback", "failover", message)
-        self.store.record_event(self.session_id, "provider_switch", message)
+        self.session.store.record_event(self.session.session_id, "provider_switch", message)
 
     def _restore_primary(self) -> None:
         """At a new user turn the primary provider gets another chance."""
-        if self.runtime is not self._primary_runtime:
-            self._switch_runtime(self._primary_runtime, "new turn: trying the primary again")
+        if self.provider.runtime is not self.provider.primary:
+            self._switch_runtime(self.provider.primary, "new turn: trying the primary again")
 
 
 def located(error: ProviderError, runtime: ProviderRuntime) -> ProviderError:

@@ -2,52 +2,37 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
-from mibyan.agent.adapters.base import ToolSchema
-from mibyan.agent.budget import IterationBudget
-from mibyan.agent.callbacks import Callbacks
-from mibyan.agent.interruptible import InterruptSignal
-from mibyan.agent.tokens import TokenEstimator
+from mibyan.agent.protocol import AgentBase
 from mibyan.agent.turn_state import BudgetExhausted, Interrupted, PreparedRequest, TurnState
-from mibyan.config.loader import AgentSettings
 
 _PRESSURE = 0.7
 
 
-class IterationPrepMixin:
+class IterationPrepMixin(AgentBase):
     """Prepares each iteration's request, or says why there will be none."""
-
-    callbacks: Callbacks
-    _signal: InterruptSignal
-    _budget: IterationBudget
-    _tool_schemas: list[ToolSchema]
-    _estimator: TokenEstimator
-    _window: int
-    settings: AgentSettings
-    _compress_if_needed: Callable[[TurnState | None, float, str], None]
 
     def _prepare_iteration(self, turn: TurnState) -> PreparedRequest | Interrupted | BudgetExhausted:
         if self._signal.is_set():
             return Interrupted()
-        if not self._budget.consume():
+        if not turn.budget.consume():
             return BudgetExhausted()
         self._compress_if_needed(turn, self.settings.compression.threshold, "preflight")
         for note in turn.history.repair():
             self.callbacks.emit("status_callback", "repaired", note)
         # One pass over the history per iteration: it sizes the context-pressure note and calibrates.
         turn.request_estimate = self._estimator.raw_estimate(
-            turn.history.messages, turn.system_prompt, self._tool_schemas
+            turn.history.messages, turn.system_prompt, self.tools.schemas
         )
-        layers = self._ephemeral_layers(turn)
-        system_prompt = "\n\n".join([turn.system_prompt, *layers]) if layers else turn.system_prompt
         return PreparedRequest(
-            system_prompt=system_prompt, messages=turn.history.messages, tools=self._tool_schemas
+            system_prompt=turn.system_prompt,
+            history=turn.history.messages,
+            tools=self.tools.schemas,
+            notes=tuple(self._ephemeral_layers(turn)),
         )
 
     def _ephemeral_layers(self, turn: TurnState) -> list[str]:
         """Notes sent with this request only, never stored: budget warnings and context pressure."""
-        layers = [*turn.message_layers, *self._budget_layers()]
+        layers = [*turn.message_layers, *self._budget_layers(turn)]
         share = turn.request_estimate * self._estimator.factor / self._window
         if share >= _PRESSURE:
             layers.append(
@@ -56,16 +41,16 @@ class IterationPrepMixin:
             )
         return layers
 
-    def _budget_layers(self) -> list[str]:
-        used = self._budget.fraction_used
+    def _budget_layers(self, turn: TurnState) -> list[str]:
+        used = turn.budget.fraction_used
         if used >= 0.9:
             return [
-                f"[Iteration budget: {self._budget.remaining} of {self._budget.limit} model calls left. "
+                f"[Iteration budget: {turn.budget.remaining} of {turn.budget.limit} model calls left. "
                 "Finish now: give your answer with what you have.]"
             ]
         if used >= 0.7:
             return [
-                f"[Iteration budget: {self._budget.remaining} of {self._budget.limit} model calls left. "
+                f"[Iteration budget: {turn.budget.remaining} of {turn.budget.limit} model calls left. "
                 "Start wrapping up.]"
             ]
         return []

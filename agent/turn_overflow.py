@@ -9,16 +9,11 @@ and resuming the parent lands in the child.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
-from agent_state import SessionSink, SessionStore
-from mibyan.agent.adapters.base import ToolSchema
-from mibyan.agent.agent_init import new_session_id
-from mibyan.agent.callbacks import Callbacks
-from mibyan.agent.context_engine import ContextEngine
 from mibyan.agent.errors import ProviderError
-from mibyan.agent.messages import History, MessageSink, repair_history
+from mibyan.agent.messages import repair_history
+from mibyan.agent.protocol import AgentBase
 from mibyan.agent.turn_state import TurnState
 
 _OVERFLOW_RECOVERIES = 3
@@ -29,36 +24,24 @@ _NOTHING_FITS = (
 )
 
 
-class OverflowMixin:
+class OverflowMixin(AgentBase):
     """Applies the context engine's compressions and moves the conversation into a child session."""
-
-    callbacks: Callbacks
-    store: SessionStore
-    session_id: str
-    _history: History
-    _sink: MessageSink | None
-    _context_engine: ContextEngine | None
-    _tool_schemas: list[ToolSchema]
-    _session_system_prompt: Callable[[], str]
-    _session_meta: Callable[[], dict[str, Any]]
-    _system_prompt: str | None
-    _custom_prompt: bool
 
     def compress(self) -> dict[str, Any]:
         """Compress the conversation now (the REPL's /compress). Returns what was done."""
         done = self._compress(None, reason="manual")
         return {
             "compressed": done is not None,
-            "session_id": self.session_id,
+            "session_id": self.session.session_id,
             "report": done or "nothing to compress",
         }
 
     def _compress_if_needed(self, turn: TurnState | None, threshold: float, reason: str) -> None:
         engine = self._context_engine
         if engine is not None and engine.should_compress(
-            self._history.messages,
+            self.session.history.messages,
             system_prompt=self._session_system_prompt(),
-            tools=self._tool_schemas,
+            tools=self.tools.schemas,
             threshold=threshold,
         ):
             self._compress(turn, reason=reason)
@@ -76,9 +59,9 @@ class OverflowMixin:
         if engine is None:
             return None
         result = engine.compress(
-            self._history.messages,
+            self.session.history.messages,
             system_prompt=self._session_system_prompt(),
-            tools=self._tool_schemas,
+            tools=self.tools.schemas,
             reason=reason,
         )
         if result is None:
@@ -88,25 +71,13 @@ class OverflowMixin:
             self.callbacks.emit("status_callback", "compression_failed", "; ".join(problems))
             return None
         for fact in result.facts:  # the memory flush: what must outlive the dropped messages
-            self.store.add_fact(fact)
-        parent = self.session_id
-        if not self._custom_prompt:
-            self._system_prompt = None  # rebuilt for the child: memory written meanwhile gets in
-        child = new_session_id()
-        engine.on_session_end(parent)
-        self.store.end_session(parent, "compressed")
-        title = (self.store.get_session(parent) or {}).get("title")
-        self.store.create_session(child, **{**self._session_meta(), "parent_id": parent, "title": title})
-        self.store.save_todos(child, self.store.get_todos(parent))
-        sink = SessionSink(self.store, child, self._session_meta)
-        sink.replace_messages(result.messages)
-        self.session_id = child
-        self._sink = sink
-        self._history = History(result.messages, sink=sink)
-        if turn is not None:
-            turn.history = self._history
+            self.session.store.add_fact(fact)
+        if not self.prompt.custom:
+            self.prompt.text = None  # rebuilt for the child: memory written meanwhile gets in
+        engine.on_session_end(self.session.session_id)
+        child = self.session.continue_in_child(result.messages)
         report = f"{result.describe()}; continuing in session {child} ({reason})"
-        self.store.record_event(child, "compressed", report)
+        self.session.store.record_event(child, "compressed", report)
         engine.on_session_start(child)
         self.callbacks.emit("status_callback", "compressed", report)
         return report

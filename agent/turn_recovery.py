@@ -8,17 +8,15 @@ so the loop can fail over instead of looping on a stalled model.
 from __future__ import annotations
 
 from mibyan.agent.adapters.base import NormalizedResponse
-from mibyan.agent.callbacks import Callbacks
 from mibyan.agent.errors import ProviderError
+from mibyan.agent.protocol import AgentBase
 from mibyan.agent.turn_state import Continue, Failed, TurnState
 
 MAX_EMPTY_REPLIES = 3
 
 
-class RecoveryMixin:
+class RecoveryMixin(AgentBase):
     """Notices empty and reasoning-only replies and decides whether to ask again."""
-
-    callbacks: Callbacks
 
     def _check_empty_reply(
         self, turn: TurnState, reply: NormalizedResponse

@@ -7,20 +7,23 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from mibyan.agent.adapters.base import ToolSchema, Usage
+from mibyan.agent.budget import IterationBudget
 from mibyan.agent.callbacks import ShownText
 from mibyan.agent.errors import MibyanError
 from mibyan.agent.messages import History, Message
+from mibyan.agent.session import SessionHandle
 
 ExitReason = Literal["completed", "budget_exhausted", "interrupted", "error"]
 
 
 @dataclass
 class TurnState:
-    """Everything one run_conversation accumulates: its history, counters and outcome."""
+    """Everything one run_conversation accumulates: its history, budget, counters and outcome."""
 
     task_id: str
-    history: History
+    session: SessionHandle
     system_prompt: str
+    budget: IterationBudget
     api_calls: int = 0
     usage: Usage = field(default_factory=Usage)
     final_response: str | None = None
@@ -36,16 +39,38 @@ class TurnState:
     shown_text: ShownText = field(default_factory=ShownText)
     shown_reasoning: ShownText = field(default_factory=ShownText)
 
+    @property
+    def history(self) -> History:
+        """The session's history now (a compression during the turn replaces it)."""
+        return self.session.history
+
 
 @dataclass(frozen=True)
 class PreparedRequest:
-    """What one model call will send: the system prompt (with this call's ephemeral layers), the history
-    and the tools offered."""
+    """What one model call will send.
+
+    Attributes:
+        system_prompt: the session's system prompt, byte-identical from call to call (it is cached).
+        history: the stored conversation, as it is now.
+        tools: the tools described to the model.
+        extra_messages: request-only messages after the history, never stored (the budget-summary
+            request, a cut answer and the note asking to continue it).
+        notes: ephemeral notes for this call only (matched skills and facts, budget and context
+            pressure); they go after the last cache breakpoint, so the cached prefix does not move.
+        allow_tool_calls: False when the model may describe but not call tools.
+    """
 
     system_prompt: str
-    messages: list[Message]
+    history: list[Message]
     tools: list[ToolSchema]
+    extra_messages: tuple[Message, ...] = ()
+    notes: tuple[str, ...] = ()
     allow_tool_calls: bool = True
+
+    @property
+    def messages(self) -> list[Message]:
+        """The history followed by the request-only messages."""
+        return [*self.history, *self.extra_messages]
 
 
 # The steps. A phase returns one; the loop matches on it.

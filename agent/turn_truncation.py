@@ -8,11 +8,9 @@ gets a result telling the model the call was cut and to retry with less.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from mibyan.agent.adapters.base import NormalizedResponse
-from mibyan.agent.callbacks import Callbacks
-from mibyan.agent.messages import Message, assistant_message, tool_message, user_message
+from mibyan.agent.messages import assistant_message, tool_message, user_message
+from mibyan.agent.protocol import AgentBase
 from mibyan.agent.turn_state import Continue, Failed, Interrupted, PreparedRequest, TurnState
 
 MAX_CONTINUATIONS = 3
@@ -25,11 +23,8 @@ _CUT_CALL = (
 )
 
 
-class TruncationMixin:
+class TruncationMixin(AgentBase):
     """Continues cut text; refuses cut tool calls."""
-
-    callbacks: Callbacks
-    _call_without_tools: Callable[[TurnState, str, list[Message]], NormalizedResponse | Interrupted | Failed]
 
     def _handle_truncation(
         self, turn: TurnState, reply: NormalizedResponse, request: PreparedRequest
@@ -50,8 +45,8 @@ class TruncationMixin:
                 "status_callback", "truncated", "the answer was cut at the length limit; continuing"
             )
             so_far = "".join(parts)
-            messages = [*request.messages, assistant_message(so_far), user_message(_CONTINUE_NOTE)]
-            more = self._call_without_tools(turn, request.system_prompt, messages)
+            extra = (*request.extra_messages, assistant_message(so_far), user_message(_CONTINUE_NOTE))
+            more = self._call_without_tools(turn, extra, request.notes)
             if not isinstance(more, NormalizedResponse):
                 return more
             parts.append(more.content or "")

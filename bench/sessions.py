@@ -100,7 +100,7 @@ def main() -> None:
             began = time.perf_counter()
             agent = AIAgent(session_id="growing", home=home, base_url="http://127.0.0.1:9/v1")
             resume.append((time.perf_counter() - began) * 1000)
-            assert len(agent._history) == 10_000
+            assert len(agent.session.history) == 10_000
         show("resume a 10,000-message session (AIAgent)", resume)
 
         for n in range(10):

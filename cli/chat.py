@@ -10,7 +10,7 @@ import sys
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from mibyan.cli.main import EXIT_BUDGET, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
+from mibyan.cli.exit_codes import EXIT_BUDGET, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 from mibyan.cli.progress import Progress
 from mibyan.cli.prompts import prompt_callbacks
 from mibyan.cli.sanitize import for_stream, visible, visible_json

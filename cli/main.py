@@ -1,7 +1,8 @@
 """The `mibyan` command: argument parsing and dispatch.
 
-This module imports only the standard library at the top: `mibyan --help` must answer at once, and
-each command imports what it uses (the SDK in use, and only it) when it runs.
+This module imports only the standard library (and mibyan's modules that import nothing else) at the
+top: `mibyan --help` must answer at once, and each command imports what it uses (the SDK in use, and
+only it) when it runs.
 """
 
 from __future__ import annotations
@@ -10,16 +11,24 @@ import argparse
 import sys
 import warnings
 from collections.abc import Sequence
-from typing import NoReturn, TextIO
+from typing import Any, NoReturn, TextIO
 
-EXIT_OK = 0
-EXIT_ERROR = 1
-EXIT_USAGE = 2
-EXIT_BUDGET = 3
-EXIT_INTERRUPTED = 130
+from mibyan.cli.exit_codes import EXIT_ERROR, EXIT_OK, EXIT_USAGE
+from mibyan.config.api_modes import API_MODES
 
-API_MODES = ("chat_completions", "codex_responses", "anthropic_messages")
-VERSION = "0.1.0"
+
+class _VersionAction(argparse.Action):
+    """`--version`: the installed package's version, read only when asked (importlib.metadata is slow)."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, help="print mibyan's version and exit")
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> None:
+        import mibyan
+
+        sys.stdout.write(f"mibyan {mibyan.__version__}\n")
+        parser.exit()
+
 
 _python_show_warning = warnings.showwarning
 
@@ -79,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Exit codes: 0 completed, 1 runtime error, 2 usage or config error, 3 budget exhausted, "
         "130 interrupted.",
     )
-    parser.add_argument("--version", action="version", version=f"mibyan {VERSION}")
+    parser.add_argument("--version", action=_VersionAction)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     chat = commands.add_parser(
         "chat",

@@ -28,7 +28,7 @@ from prompt_toolkit.history import FileHistory
 from prompt_toolkit.key_binding import KeyBindings
 
 from mibyan.cli.commands import COMMANDS, completions, dispatch
-from mibyan.cli.main import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
+from mibyan.cli.exit_codes import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 from mibyan.cli.sanitize import visible
 
 if TYPE_CHECKING:
@@ -170,10 +170,19 @@ class Repl:
         return self._renderer
 
     def replace_agent(self, *, session_id: str | None, model: str | None = None) -> None:
-        """A new agent for another session or model; /yolo and "for this session" answers carry over."""
+        """A new agent for another session or model; /yolo and "for this session" answers carry over.
+
+        The agent it replaces is closed (its database and HTTP connections).
+        """
         previous = self.agent
         self._agent = self._build_agent(session_id, model or previous.runtime.model)
         self._agent.approvals.carry_over_from(previous.approvals)
+        previous.close()
+
+    def close(self) -> None:
+        """Close the agent, if it was loaded."""
+        if self._ready.is_set() and self._agent is not None:
+            self._agent.close()
 
     # -- output -------------------------------------------------------------------------------------
 
@@ -292,3 +301,5 @@ def run_repl(args: argparse.Namespace, session_id: str | None) -> int:
         logging.getLogger("mibyan.cli").exception("the chat failed")
         sys.stderr.write(f"mibyan: internal error: {visible(str(exc))} (details in the log)\n")
         return EXIT_ERROR
+    finally:
+        repl.close()

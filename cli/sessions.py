@@ -20,7 +20,7 @@ from typing import Any
 
 from agent_state import SessionStore, fts_query
 from mibyan.agent.errors import MibyanError
-from mibyan.cli.main import EXIT_ERROR, EXIT_OK, EXIT_USAGE
+from mibyan.cli.exit_codes import EXIT_ERROR, EXIT_OK, EXIT_USAGE
 from mibyan.cli.sanitize import visible, visible_json
 from mibyan.config.paths import mibyan_home
 

@@ -13,7 +13,7 @@ from datetime import datetime
 from pathlib import Path
 
 from mibyan.agent.errors import MibyanError
-from mibyan.cli.main import EXIT_ERROR, EXIT_OK, EXIT_USAGE
+from mibyan.cli.exit_codes import EXIT_ERROR, EXIT_OK, EXIT_USAGE
 from mibyan.cli.sanitize import visible
 from mibyan.config.paths import mibyan_home
 from mibyan.config.trust import (

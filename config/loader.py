@@ -18,6 +18,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from mibyan.agent.errors import ConfigError
+from mibyan.config.api_modes import API_MODES, ApiMode
 from mibyan.config.paths import mibyan_home
 from mibyan.config.trust import (
     UntrustedConfigWarning,
@@ -28,10 +29,8 @@ from mibyan.config.trust import (
     untrusted_notice,
 )
 
-__all__ = ["AgentSettings", "load_settings", "mibyan_home"]
+__all__ = ["API_MODES", "AgentSettings", "ApiMode", "load_settings", "mibyan_home"]
 
-ApiMode = Literal["chat_completions", "codex_responses", "anthropic_messages"]
-API_MODES: tuple[str, ...] = ("chat_completions", "codex_responses", "anthropic_messages")
 DEFAULTS_PATH = Path(__file__).with_name("defaults.yaml")
 
 

@@ -14,6 +14,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 from loopback import ScriptedServer
+from scripted_model import ScriptedModel
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).parent / "fixtures" / "recorded"
@@ -57,6 +58,26 @@ def make_agent(server: ScriptedServer, home: Path) -> Callable[..., Any]:
         kwargs.setdefault("base_url", server.base_url)
         kwargs.setdefault("home", home)
         return AIAgent(**kwargs)
+
+    return make
+
+
+@pytest.fixture
+def scripted() -> ScriptedModel:
+    """The in-process scripted model, for loop logic (no sockets: see tests/scripted_model.py)."""
+    return ScriptedModel()
+
+
+@pytest.fixture
+def make_scripted_agent(scripted: ScriptedModel, home: Path) -> Callable[..., Any]:
+    """Agents whose model calls go to the in-process scripted model."""
+    from run_agent import AIAgent
+
+    def make(**kwargs: Any) -> AIAgent:
+        kwargs.setdefault("base_url", scripted.url_for(kwargs.get("api_mode") or "chat_completions"))
+        kwargs.setdefault("api_key", "scripted-key")
+        kwargs.setdefault("home", home)
+        return AIAgent(http_transport=scripted.transport(), **kwargs)
 
     return make
 

@@ -33,6 +33,7 @@ class Reply:
         status: an HTTP error status to answer with instead (body from `error_body`).
         finish_reason: overrides the natural one.
         reasoning: reasoning_content to stream before the text.
+        raw_arguments: the arguments text of each tool call as sent, when it must not be valid JSON.
     """
 
     text: str | None = None
@@ -46,6 +47,7 @@ class Reply:
     reasoning: str | None = None
     chunks: int = 3
     usage: dict[str, int] = field(default_factory=lambda: {"prompt_tokens": 10, "completion_tokens": 5})
+    raw_arguments: list[str] | None = None
 
 
 @dataclass
@@ -104,6 +106,11 @@ class ScriptedServer:
         with self._arrivals:
             return self._arrivals.wait_for(lambda: len(self.requests) >= count, timeout)
 
+    def wait_for_hangups(self, count: int, timeout: float = 10.0) -> bool:
+        """Block until clients have hung up on `count` delayed replies in all."""
+        with self._arrivals:
+            return self._arrivals.wait_for(lambda: self.hangups >= count, timeout)
+
     def __enter__(self) -> ScriptedServer:
         self._thread.start()
         return self
@@ -130,6 +137,7 @@ class ScriptedServer:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            disable_nagle_algorithm = True  # small writes go out at once, not after a delayed ACK
 
             def log_message(self, *args: Any) -> None:
                 pass
@@ -159,8 +167,9 @@ class ScriptedServer:
                     return
                 reply = server._next_reply(body)
                 if reply.delay and not self._wait(reply.delay):
-                    with server._lock:
+                    with server._arrivals:
                         server.hangups += 1
+                        server._arrivals.notify_all()
                     self.close_connection = True
                     return
                 wire = server._wire_for(self.path)
@@ -228,13 +237,10 @@ class ScriptedServer:
         return ChatWire(self)
 
     def _tool_calls(self, reply: Reply) -> list[dict[str, Any]]:
+        raw = reply.raw_arguments or [json.dumps(args) for _, args in reply.tool_calls]
         return [
-            {
-                "id": self._call_id(),
-                "type": "function",
-                "function": {"name": name, "arguments": json.dumps(args)},
-            }
-            for name, args in reply.tool_calls
+            {"id": self._call_id(), "type": "function", "function": {"name": name, "arguments": arguments}}
+            for (name, _), arguments in zip(reply.tool_calls, raw, strict=True)
         ]
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 from loopback import Reply, ScriptedServer
@@ -86,12 +85,13 @@ def test_a_stream_cut_before_finish_reason_is_an_error_not_an_answer(
     assert result["exit_reason"] == "error"
     assert result["completed"] is False
     assert result["final_response"] is None
-    assert "stream ended" in result["error"] or "dropped" in result["error"]
+    # the server hangs up in the middle of the chunked body: a dropped connection, never a clean end
+    assert "the connection dropped mid-stream" in result["error"]
     assert [m["role"] for m in result["messages"]] == ["user"]
 
 
 def test_a_dropped_stream_is_retried(server: ScriptedServer, make_agent, home) -> None:
-    (home / "config.yaml").write_text("agent:\n  api_max_retries: 1\n")
+    (home / "config.yaml").write_text("agent: {api_max_retries: 1, max_retry_wait: 0.1}\n")  # short back-off
     server.add(Reply(text="half", cut=True), Reply(text="whole answer"))
     statuses: list[tuple[str, str]] = []
 
@@ -102,35 +102,26 @@ def test_a_dropped_stream_is_retried(server: ScriptedServer, make_agent, home) -
 
 
 def test_interrupt_during_a_slow_reply_returns_at_once(server: ScriptedServer, make_agent) -> None:
-    server.add(Reply(text="too late", delay=5))
+    server.add(Reply(text="too late", delay=30))
     agent = make_agent()
     outcome: dict = {}
-
-    def run() -> None:
-        outcome["result"] = agent.run_conversation("take your time")
-        outcome["returned"] = time.perf_counter()
-
-    worker = threading.Thread(target=run)
+    worker = threading.Thread(target=lambda: outcome.update(agent.run_conversation("take your time")))
     worker.start()
     assert server.wait_for_requests(1)
-    interrupted_at = time.perf_counter()
-    agent.interrupt()
-    worker.join(5)
 
-    assert outcome["returned"] - interrupted_at <= 0.1
-    result = outcome["result"]
-    assert result["interrupted"] is True
-    assert result["exit_reason"] == "interrupted"
-    assert [m["role"] for m in result["messages"]] == ["user"]
+    agent.interrupt()
+    worker.join(5)  # the reply is 30 s away: returning before means the call was abandoned
+
+    assert not worker.is_alive()
+    assert outcome["interrupted"] is True
+    assert outcome["exit_reason"] == "interrupted"
+    assert [m["role"] for m in outcome["messages"]] == ["user"]
 
     server.add(Reply(text="back again"))
     follow_up = agent.run_conversation("are you there?")
     assert follow_up["final_response"] == "back again"
     assert_valid_request(server.requests[-1].body)
-    deadline = time.monotonic() + 3
-    while server.hangups == 0 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert server.hangups == 1, "the abandoned connection was left open"
+    assert server.wait_for_hangups(1), "the abandoned connection was left open"
 
 
 def test_interrupt_from_a_callback_mid_stream_keeps_no_partial_reply(

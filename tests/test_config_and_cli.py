@@ -113,7 +113,8 @@ def test_help_imports_neither_sdk() -> None:
     import subprocess
 
     code = (
-        "import sys\nfrom cli.main import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+        "import sys\nfrom mibyan.cli.main import main\n"
+        "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
         "print(sorted(m for m in ('openai', 'anthropic', 'pydantic', 'yaml', 'rich', 'prompt_toolkit')"
         " if m in sys.modules))"
     )

@@ -19,7 +19,7 @@ def agent_on(llmock, home: Path):
     from run_agent import AIAgent
 
     (home / "config.yaml").write_text(
-        "agent: {api_max_retries: 2, stream_stall_timeout: 0.5, max_retry_wait: 2}\n"
+        "agent: {api_max_retries: 2, stream_stall_timeout: 0.5, max_retry_wait: 0.1}\n"  # short back-off
     )
     llmock.tool_mode("off")
 

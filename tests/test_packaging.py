@@ -142,3 +142,22 @@ def test_the_console_script_from_the_wheel_answers_in_a_users_project(
         check=True,
     ).stdout
     assert where.startswith(str(installed))
+
+
+def test_the_version_is_the_installed_packages(installed: Path, home: Path) -> None:
+    (metadata,) = installed.glob("lib/python*/site-packages/mibyan-*.dist-info/METADATA")
+    original = metadata.read_text()
+    # As if a release had bumped pyproject.toml: the command must report that, not a copy of its own.
+    metadata.write_text(original.replace("\nVersion: ", "\nVersion: 7.7.7.dev0+", 1))
+    try:
+        done = subprocess.run(
+            [installed / "bin" / "mibyan", "--version"],
+            env=_clean_env(home),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        metadata.write_text(original)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("mibyan 7.7.7.dev0+")

@@ -20,6 +20,11 @@ def system_of(body: dict) -> str:
     return body["messages"][0]["content"]
 
 
+def notes_of(body: dict) -> str:
+    """The end of the request, where this call's ephemeral notes go (after the user's message)."""
+    return body["messages"][-1]["content"]
+
+
 def test_the_prompt_is_byte_identical_across_runs_and_turns(
     server: ScriptedServer, make_agent, home: Path, tmp_path: Path, monkeypatch
 ) -> None:
@@ -108,7 +113,7 @@ def test_facts_come_back_when_a_message_mentions_them(server: ScriptedServer, ma
     )
     make_agent().chat("remember where staging lives")
     make_agent().chat("which staging database do we use?")
-    assert "pg-stage-3" in system_of(server.requests[-1].body)
+    assert "pg-stage-3" in notes_of(server.requests[-1].body)
 
 
 def test_a_trigger_word_brings_its_skill_into_the_turn(
@@ -126,7 +131,8 @@ def test_a_trigger_word_brings_its_skill_into_the_turn(
     agent.chat("please ship it")
     assert "release: Cut a release" in system_of(server.requests[0].body)
     assert "Bump the version" not in system_of(server.requests[0].body)
-    assert "[Skill: release]" in system_of(server.requests[1].body)
+    assert "[Skill: release]" in notes_of(server.requests[1].body)
+    assert system_of(server.requests[1].body) == system_of(server.requests[0].body)
 
     listed = subprocess.run(
         [sys.executable, "-m", "mibyan.cli.main", "skills", "list"],
@@ -156,8 +162,8 @@ skills: {{embedding: {{provider: embedder, model: tiny-embed}}, threshold: 0.3}}
     agent.chat("how do I get the package onto the registry?")
     agent.chat("what time is it")
     chats = [seen.body for seen in server.requests if "messages" in seen.body]
-    assert "[Skill: publishing]" in system_of(chats[0])
-    assert "[Skill: publishing]" not in system_of(chats[1])
+    assert "[Skill: publishing]" in notes_of(chats[0])
+    assert "[Skill: publishing]" not in notes_of(chats[1])
     assert (
         sum(1 for seen in server.requests if seen.path.endswith("/embeddings")) == 2
     )  # skills embedded once
@@ -175,8 +181,8 @@ def test_reload_applies_a_memory_change_within_the_session(
     agent.chat("three")
     prompts = [system_of(s.body) for s in server.requests]
     assert "Tuesdays" not in prompts[1] and "Tuesdays" in prompts[2]
-    resumed = make_agent(session_id=agent.session_id)
-    assert "Tuesdays" in resumed._session_system_prompt()
+    make_agent(session_id=agent.session_id).chat("four")  # resumed: the stored, reloaded prompt
+    assert "Tuesdays" in system_of(server.requests[-1].body)
 
 
 def _skill(home: Path, name: str, description: str) -> Path:
@@ -206,4 +212,4 @@ def test_parsed_skills_are_kept_in_a_private_index_and_an_edit_is_seen_at_once(
     make_agent().chat("deploy it")
     prompt = system_of(server.requests[-1].body)
     assert "deploy: Deploy the service to production, carefully" in prompt
-    assert "[Skill: deploy]\nDo deploy." in prompt
+    assert "[Skill: deploy]\nDo deploy." in notes_of(server.requests[-1].body)

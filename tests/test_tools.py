@@ -18,18 +18,25 @@ def tool_results(result: dict) -> list[str]:
     return [m["content"] for m in result["messages"] if m["role"] == "tool"]
 
 
-def test_eight_terminal_calls_run_at_once_and_land_in_order(server: ScriptedServer, make_agent) -> None:
-    calls = [("terminal", {"command": f"sleep 0.5; echo call-{i}"}) for i in range(8)]
+def test_eight_terminal_calls_run_at_once_and_land_in_order(
+    server: ScriptedServer, make_agent, tmp_path: Path
+) -> None:
+    # Each call checks in, then waits (up to 10 s) until all eight have: only calls running at the same
+    # time all see eight. The bench prints how long they take.
+    room = tmp_path / "room"
+    room.mkdir()
+    wait = f"for _ in $(seq 200); do [ $(ls {room} | wc -l) -ge 8 ] && break; sleep 0.05; done"
+    calls = [
+        ("terminal", {"command": f"touch {room}/{i}; {wait}; echo call-{i} saw $(ls {room} | wc -l)"})
+        for i in range(8)
+    ]
     server.add(Reply(tool_calls=calls), Reply(text="all done"))
     agent = make_agent(yolo=False)
 
-    started = time.monotonic()
     result = agent.run_conversation("run them")
-    elapsed = time.monotonic() - started
 
-    assert elapsed <= 1.5  # 8 x 0.5 s in sequence would be 4 s; the bench prints the exact wall
     outputs = tool_results(result)
-    assert [o.splitlines()[0] for o in outputs] == [f"call-{i}" for i in range(8)]
+    assert [o.splitlines()[0] for o in outputs] == [f"call-{i} saw 8" for i in range(8)]
     assert all("[exit code 0" in o for o in outputs)
 
 
@@ -81,10 +88,12 @@ def test_calls_on_one_file_run_in_their_given_order(
 
 @pytest.fixture
 def misbehaving_tools():
+    release = threading.Event()
+
     @tool(toolset="test")
     def hangs() -> str:
-        """Never returns."""
-        threading.Event().wait(30)
+        """Does not return before the test ends."""
+        release.wait()
         return "too late"
 
     @tool(toolset="test")
@@ -98,6 +107,7 @@ def misbehaving_tools():
         return "x" * 10_000_000
 
     yield
+    release.set()
     for name in ("hangs", "explodes", "floods"):
         unregister(name)
 
@@ -107,18 +117,9 @@ def test_each_kind_of_tool_failure_becomes_text_and_the_turn_completes(
 ) -> None:
     (home / "config.yaml").write_text("agent: {api_max_retries: 0, tool_timeout: 0.5}\n")
     server.add(Reply(tool_calls=[("hangs", {}), ("explodes", {}), ("floods", {}), ("no_such_tool", {})]))
-    bad_json = Reply(tool_calls=[("explodes", {})])
-    server.add(bad_json, Reply(text="recovered"))
+    # the model sends arguments that are not JSON
+    server.add(Reply(tool_calls=[("explodes", {})], raw_arguments=['{"oops": ']), Reply(text="recovered"))
     agent = make_agent(enabled_toolsets=["test", "core"])
-    original = server._tool_calls
-
-    def broken_arguments(reply: Reply) -> list[dict]:
-        calls = original(reply)
-        if reply is bad_json:
-            calls[0]["function"]["arguments"] = '{"oops": '
-        return calls
-
-    server._tool_calls = broken_arguments  # the model sends arguments that are not JSON
 
     result = agent.run_conversation("try everything")
 
@@ -166,17 +167,13 @@ def test_interrupt_while_terminal_runs_kills_the_child(server: ScriptedServer, m
         time.sleep(0.01)
     assert running_with_arguments(*marker)
 
-    interrupted_at = time.monotonic()
     agent.interrupt()
-    worker.join(5)
-    took = time.monotonic() - interrupted_at
+    worker.join(5)  # the command sleeps 30 s: returning before means it was stopped
 
-    assert took <= 0.2
+    assert not worker.is_alive()
     assert outcome["result"]["interrupted"] is True
-    assert (
-        tool_results(outcome["result"]) == ["interrupted: no result"]
-        or "interrupted" in tool_results(outcome["result"])[0]
-    )
+    (said,) = tool_results(outcome["result"])
+    assert "interrupted" in said  # by the terminal tool, or by the executor if the tool was slower to stop
     deadline = time.monotonic() + 5  # the kill is sent; the kernel may take a moment to reap
     while running_with_arguments(*marker) and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -254,7 +251,16 @@ def test_an_unanswered_approval_times_out_to_deny(
     (home / "config.yaml").write_text("agent: {api_max_retries: 0}\napprovals: {timeout: 0.2}\n")
     (tmp_path / "keep").mkdir()
     server.add(Reply(tool_calls=[("terminal", {"command": f"rm -r {tmp_path / 'keep'}"})]), Reply(text="ok"))
-    result = make_agent(approval_callback=lambda c, r: time.sleep(2) or "once").run_conversation("clean")
+    nobody_answers = threading.Event()
+
+    def approve_too_late(command: str, reason: str) -> str:
+        nobody_answers.wait(10)
+        return "once"
+
+    try:
+        result = make_agent(approval_callback=approve_too_late).run_conversation("clean")
+    finally:
+        nobody_answers.set()
     assert (tmp_path / "keep").exists() and tool_results(result)[0].startswith("denied")
 
 

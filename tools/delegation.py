@@ -19,6 +19,7 @@ from mibyan.tools import context
 from mibyan.tools.registry import tool
 
 if TYPE_CHECKING:
+    from mibyan.agent.protocol import AgentCore
     from run_agent import AIAgent
 
 SUBAGENT_PROMPT = (
@@ -53,7 +54,7 @@ def _tasks(args: dict[str, Any]) -> list[dict[str, str]]:
     return cleaned
 
 
-def _make_child(parent: AIAgent, label: str) -> AIAgent:
+def _make_child(parent: AgentCore, label: str) -> AIAgent:
     from run_agent import AIAgent
 
     delegation = parent.settings.delegation
@@ -61,7 +62,7 @@ def _make_child(parent: AIAgent, label: str) -> AIAgent:
     denied = [name for name in _ALWAYS_DENIED if name not in delegation.allow_tools]
     if depth >= delegation.max_depth:
         denied.append("delegate_task")
-    runtime = parent.runtime
+    runtime = parent.provider.runtime
 
     def progress(phase: str, name: str, detail: dict[str, Any]) -> None:
         parent.callbacks.emit(
@@ -81,18 +82,18 @@ def _make_child(parent: AIAgent, label: str) -> AIAgent:
         home=parent.home,
         enabled_toolsets=list(parent.settings.tools.toolsets),
         source="subagent",
-        yolo=parent.approvals.yolo,
+        yolo=parent.tools.approvals.yolo,
         denied_tools=denied,
         tool_progress_callback=progress,
         status_callback=status,
-        approval_callback=parent.approvals.answer_from_session,
+        approval_callback=parent.tools.approvals.answer_from_session,
     )
     child.delegation_depth = depth
-    child.parent_session_id = parent.session_id
+    child.session.parent_id = parent.session.session_id
     return child
 
 
-def _run_child(parent: AIAgent, child: AIAgent, task: dict[str, str], outcome: ChildOutcome) -> None:
+def _run_child(parent: AgentCore, child: AIAgent, task: dict[str, str], outcome: ChildOutcome) -> None:
     prompt = f"Task: {task['goal']}" + (f"\n\nContext:\n{task['context']}" if task["context"] else "")
     try:
         outcome.result = child.run_conversation(
@@ -118,7 +119,7 @@ def _report(outcome: ChildOutcome, cap: int) -> str:
     )
 
 
-def run_delegation(parent: AIAgent, args: dict[str, Any], add_usage: Any) -> str:
+def run_delegation(parent: AgentCore, args: dict[str, Any], add_usage: Any) -> str:
     """Run the tasks of one delegate_task call and return the reports for the model."""
     delegation = parent.settings.delegation
     tasks = _tasks(args)
@@ -149,6 +150,7 @@ def run_delegation(parent: AIAgent, args: dict[str, Any], add_usage: Any) -> str
     finally:
         for child in children:
             parent.release_child(child)
+            child.close()
     for outcome in outcomes:
         if outcome.result is not None:
             add_usage(outcome.result["usage"])

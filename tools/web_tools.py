@@ -8,14 +8,21 @@ from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from html.parser import HTMLParser
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mibyan.agent.errors import ToolError
 from mibyan.tools import context
 from mibyan.tools.registry import tool
 from mibyan.tools.web_policy import checked_addresses
+
+if TYPE_CHECKING:
+    from mibyan.agent.http_transport import AbortableTransport
+
+#: What one fetch found: the final address, status, content type, encoding and body.
+_Fetched = tuple[str, int, str, str, bytearray]
 
 _MAX_BYTES = 2 * 1024 * 1024
 _MAX_REDIRECTS = 5
@@ -81,13 +88,20 @@ def fetch_page(url: str, *, timeout: float, allow_private: bool, transport: Any 
 
     if not url.startswith(("http://", "https://")):
         raise ToolError("only http:// and https:// addresses can be fetched")
-    try:
-        with httpx2.Client(timeout=timeout, transport=transport) as client:
-            final, status, kind, encoding, body = _fetch(client, url, allow_private=allow_private)
-    except httpx2.InvalidURL as exc:
-        raise ToolError(f"cannot fetch {url}: not a valid address ({exc})") from None
-    except httpx2.HTTPError as exc:
-        raise ToolError(f"cannot fetch {url}: {exc}") from None
+    from mibyan.agent.http_transport import AbortableTransport
+
+    abortable = AbortableTransport(transport)
+
+    def fetch() -> tuple[str, int, str, str, bytearray]:
+        try:
+            with httpx2.Client(timeout=timeout, transport=abortable) as client:
+                return _fetch(client, url, allow_private=allow_private)
+        except httpx2.InvalidURL as exc:
+            raise ToolError(f"cannot fetch {url}: not a valid address ({exc})") from None
+        except httpx2.HTTPError as exc:
+            raise ToolError(f"cannot fetch {url}: {exc}") from None
+
+    final, status, kind, encoding, body = _interruptibly(fetch, abortable, url, timeout)
     text = bytes(body[:_MAX_BYTES]).decode(encoding, errors="replace")
     if "html" in kind or text.lstrip()[:15].lower().startswith(("<!doctype html", "<html")):
         text = html_to_text(text)
@@ -95,6 +109,35 @@ def fetch_page(url: str, *, timeout: float, allow_private: bool, transport: Any 
         return f"HTTP {status}: {kind or 'unknown type'}, {len(body)} bytes (not text)"
     cut = " (cut at 2 MB)" if len(body) > _MAX_BYTES else ""
     return f"HTTP {status} {final}{cut}\n\n{text}"
+
+
+def _interruptibly(
+    fetch: Callable[[], _Fetched], transport: AbortableTransport, url: str, timeout: float
+) -> _Fetched:
+    """Run `fetch` on a helper thread, so an interrupt cuts its connection instead of waiting for it."""
+    wake = context.waker()
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            outcome["value"] = fetch()
+        except BaseException as exc:  # handed to the tool's thread, which re-raises it
+            outcome["error"] = exc
+        finally:
+            wake()
+
+    threading.Thread(target=run, name="mibyan-web-fetch", daemon=True).start()
+    # The client's timeout bounds each read, not the whole fetch: a slow trickle must end too.
+    context.wait_or_stop(lambda: bool(outcome), timeout * 3)
+    if not outcome:
+        transport.abort()
+        if context.stop_requested():
+            raise ToolError(f"interrupted while fetching {url}")
+        raise ToolError(f"cannot fetch {url}: no complete reply within {timeout * 3:g} s")
+    if "error" in outcome:
+        raise outcome["error"]
+    value: _Fetched = outcome["value"]
+    return value
 
 
 def _fetch(client: Any, url: str, *, allow_private: bool) -> tuple[str, int, str, str, bytearray]:

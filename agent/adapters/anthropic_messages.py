@@ -90,6 +90,7 @@ class AnthropicStreamAssembler:
         self._usage: dict[str, Any] = {}
         self._stop_reason: Any = None
         self._stopped = False
+        self._cut_arguments: dict[str, str] = {}
 
     def feed(self, event: Any) -> None:
         if not isinstance(event, dict):
@@ -110,7 +111,12 @@ class AnthropicStreamAssembler:
             index = int(event["index"])
             if index in self._json:
                 raw = "".join(self._json.pop(index))
-                self._blocks[index]["input"] = json.loads(raw) if raw.strip() else {}
+                try:
+                    self._blocks[index]["input"] = json.loads(raw) if raw.strip() else {}
+                except json.JSONDecodeError:
+                    # Cut at max_tokens (the message_delta after it says so), or malformed: finish() decides.
+                    self._blocks[index]["input"] = {}
+                    self._cut_arguments[str(self._blocks[index].get("id"))] = raw
         elif kind == "message_delta":
             self._stop_reason = (event.get("delta") or {}).get("stop_reason") or self._stop_reason
             self._usage.update({k: v for k, v in (event.get("usage") or {}).items() if v is not None})
@@ -138,7 +144,15 @@ class AnthropicStreamAssembler:
         if not self._stopped:
             raise ProviderError("the stream ended before the reply was complete", reason="dropped_stream")
         blocks = [self._blocks[i] for i in sorted(self._blocks)]
-        return normalize_blocks(blocks, self._stop_reason, parse_usage(self._usage))
+        reply = normalize_blocks(blocks, self._stop_reason, parse_usage(self._usage))
+        if self._cut_arguments:
+            if reply.finish_reason != "length":
+                raise malformed("a tool call with JSON arguments", self._cut_arguments)
+            # Cut at the token limit: the truncation handling refuses to run these; keep what came.
+            for call in reply.tool_calls:
+                if call["id"] in self._cut_arguments:
+                    call["function"]["arguments"] = self._cut_arguments[call["id"]]
+        return reply
 
 
 def _assistant_blocks(message: Message) -> list[dict[str, Any]]:

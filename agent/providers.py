@@ -1,0 +1,215 @@
+"""Providers: which API mode, address and key a provider resolves to, and the SDK client and adapter for it.
+
+Everything about reaching a model lives here, apart from the constructor's wiring (agent_init.py) and
+the turn phases that use it (turn_api_call.py, turn_api_error.py) and the side-task client
+(auxiliary_client.py), which all import from this module alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlparse
+
+from mibyan.agent.errors import ConfigError
+from mibyan.config.loader import API_MODES, AgentSettings, ProviderSettings, check_base_url, mibyan_home
+
+if TYPE_CHECKING:
+    import httpx2
+
+    from mibyan.agent.adapters.base import Adapter
+    from mibyan.agent.http_transport import AbortableTransport
+
+_LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1", "0.0.0.0"})
+
+
+@dataclass
+class ProviderRuntime:
+    """The provider the agent is talking to now: where, how, as whom, and which fallback it is."""
+
+    provider: str
+    api_mode: str
+    model: str
+    base_url: str
+    api_key: str
+    fallback_index: int = 0
+
+
+def resolve_api_mode(explicit: str | None, provider_mode: str | None, base_url: str | None) -> str:
+    """Explicit argument → the provider's configured mode → base-URL heuristics → chat_completions."""
+    if explicit:
+        if explicit not in API_MODES:
+            raise ConfigError(f"api_mode: unknown API mode '{explicit}' (known: {', '.join(API_MODES)})")
+        return explicit
+    if provider_mode:
+        return provider_mode
+    if base_url:
+        parsed = urlparse(base_url)
+        if parsed.hostname == "api.anthropic.com" or parsed.path.rstrip("/").endswith("/anthropic"):
+            return "anthropic_messages"
+    return "chat_completions"
+
+
+def is_loopback(base_url: str) -> bool:
+    return (urlparse(base_url).hostname or "") in _LOOPBACK_HOSTS
+
+
+def read_api_key(config: ProviderSettings, env: Mapping[str, str]) -> str | None:
+    """The provider's key, read now: its `api_key_command`, else its variable, else `api_key` in config."""
+    if config.api_key_command:
+        import subprocess
+
+        try:
+            done = subprocess.run(
+                config.api_key_command,
+                shell=True,
+                capture_output=True,
+                text=True,
+                timeout=30,
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            raise ConfigError(f"api_key_command: '{config.api_key_command}' took longer than 30 s") from None
+        if done.returncode != 0:
+            raise ConfigError(f"api_key_command: '{config.api_key_command}' failed (exit {done.returncode})")
+        if done.stdout.strip():
+            return done.stdout.strip()
+    if config.api_key_env and env.get(config.api_key_env):
+        return env[config.api_key_env]
+    return config.api_key
+
+
+def resolve_runtime(
+    settings: AgentSettings,
+    *,
+    provider: str,
+    model: str,
+    base_url: str | None,
+    api_key: str | None,
+    api_mode: str | None,
+    env: Mapping[str, str],
+    fallback_index: int = 0,
+    home: Path | None = None,
+) -> ProviderRuntime:
+    """Work out the provider runtime; a missing key is a ConfigError saying how to provide one.
+
+    `home` is named in that message (`$MIBYAN_HOME` from `env` when omitted).
+    """
+    config = settings.providers.get(provider)
+    if config is None:
+        known = ", ".join(sorted(settings.providers))
+        raise ConfigError(f"unknown provider '{provider}' (known: {known})")
+    url = base_url or config.base_url
+    if not url:
+        raise ConfigError(f"providers.{provider}.base_url: not set; give the provider's API address")
+    if base_url:
+        try:
+            check_base_url(base_url)
+        except ValueError as exc:
+            raise ConfigError(f"base_url: {exc}") from None
+    key = api_key or read_api_key(config, env)
+    if not key:
+        if not is_loopback(url):
+            variable = config.api_key_env or f"providers.{provider}.api_key_env"
+            config_file = (home or mibyan_home(env)) / "config.yaml"
+            raise ConfigError(
+                f"no API key for provider '{provider}': set {variable}, or choose another provider "
+                f"with --provider / model.provider in {config_file}"
+            )
+        key = "not-needed"  # local servers (llama.cpp, vLLM, Ollama) take any key
+    return ProviderRuntime(
+        provider=provider,
+        api_mode=resolve_api_mode(api_mode, config.api_mode, url),
+        model=model,
+        base_url=url,
+        api_key=key,
+        fallback_index=fallback_index,
+    )
+
+
+def build_client(runtime: ProviderRuntime, settings: AgentSettings, transport: Any = None) -> Any:
+    """The SDK client for the runtime's API mode; the SDK is imported here, on first use.
+
+    `transport` (an AbortableTransport) lets the caller cut the client's connections from another thread.
+    """
+    from mibyan.agent.http_transport import AbortableTransport
+
+    timeout = settings.agent.api_timeout
+    transport = transport or AbortableTransport()
+    if runtime.api_mode == "anthropic_messages":
+        import anthropic
+
+        return anthropic.Anthropic(
+            api_key=runtime.api_key,
+            base_url=runtime.base_url,
+            max_retries=0,
+            timeout=timeout,
+            http_client=anthropic.DefaultHttpxClient(transport=transport),
+        )
+    import openai
+
+    return openai.OpenAI(
+        api_key=runtime.api_key,
+        base_url=runtime.base_url,
+        max_retries=0,
+        timeout=timeout,
+        http_client=openai.DefaultHttpxClient(transport=transport),
+    )
+
+
+def adapter_for(api_mode: str, settings: AgentSettings) -> Adapter:
+    """The adapter of an API mode (imported on use: each pulls in only what its mode needs)."""
+    if api_mode == "anthropic_messages":
+        from mibyan.agent.adapters.anthropic_messages import AnthropicMessagesAdapter
+
+        return AnthropicMessagesAdapter(thinking_budget=settings.agent.thinking_budget)
+    if api_mode == "codex_responses":
+        from mibyan.agent.adapters.codex_responses import CodexResponsesAdapter
+
+        return CodexResponsesAdapter()
+    from mibyan.agent.adapters.chat_completions import ChatCompletionsAdapter
+
+    return ChatCompletionsAdapter()
+
+
+@dataclass
+class ProviderState:
+    """The provider side of an agent: who it talks to now, how, and who failed lately.
+
+    Attributes:
+        runtime: the provider talked to now (after a failover, a fallback).
+        primary: the provider each user turn starts with.
+        adapter: the wire adapter of `runtime`'s API mode.
+        failed: (provider, model) → when it last failed, so a failover skips it for a while.
+        client: the SDK client of `runtime` and its transport, made on first use.
+        http_transport: the transport under every client (None: real connections).
+    """
+
+    runtime: ProviderRuntime
+    primary: ProviderRuntime
+    adapter: Adapter
+    failed: dict[tuple[str, str], float] = field(default_factory=dict)
+    client: tuple[Any, AbortableTransport] | None = None
+    http_transport: httpx2.BaseTransport | None = None
+
+    def sdk_client(self, settings: AgentSettings) -> tuple[Any, AbortableTransport]:
+        """The SDK client for the current runtime, and the transport that can cut its connections."""
+        if self.client is None:
+            from mibyan.agent.http_transport import AbortableTransport
+
+            transport = AbortableTransport(self.http_transport)
+            self.client = (build_client(self.runtime, settings, transport), transport)
+        return self.client
+
+    def drop_client(self) -> None:
+        """Close the client; the next call makes a new one (new key, new provider, a cut connection)."""
+        client, self.client = self.client, None
+        if client is not None:
+            client[0].close()  # the SDK client closes its httpx2 client and, with it, the transport
+
+    def switch_to(self, runtime: ProviderRuntime, settings: AgentSettings) -> None:
+        self.runtime = runtime
+        self.adapter = adapter_for(runtime.api_mode, settings)
+        self.drop_client()
