@@ -207,3 +207,29 @@ def test_the_agents_home_is_off_limits_even_with_yolo(
 
     assert (home / "config.yaml").read_text() == before
     assert all(r.startswith("blocked: writes to mibyan's own files") for r in _tool_results(result))
+
+
+def test_the_model_cannot_rewrite_a_configured_hook_through_the_terminal(
+    server: ScriptedServer, home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from run_agent import AIAgent
+
+    hooks = tmp_path / "hooksdir"
+    hooks.mkdir()
+    guard = hooks / "myguard.py"
+    guard.write_text("def check(name, args, task_id):\n    return None\n")
+    monkeypatch.syspath_prepend(str(hooks))
+    (home / "config.yaml").write_text(
+        "agent: {api_max_retries: 0}\nsandbox: {mode: 'off'}\nhooks: {pre_tool_call: ['myguard:check']}\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    server.add(
+        Reply(tool_calls=[("terminal", {"command": "echo 'check = print' > hooksdir/myguard.py"})]),
+        Reply(text="done"),
+    )
+
+    result = AIAgent(base_url=server.base_url, home=home, yolo=True).run_conversation("loosen the guard")
+
+    tool_result = next(m for m in result["messages"] if m["role"] == "tool")["content"]
+    assert "blocked" in tool_result
+    assert "return None" in guard.read_text()

@@ -33,6 +33,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from mibyan.tools import context
 from mibyan.tools.approval import SAFE, Verdict
 from mibyan.tools.command_paths import judge_write_word
 from mibyan.tools.command_reader import WordReader
@@ -94,6 +95,8 @@ class CommandJudge:
     def __init__(self, *, home: Path, cwd: Path, user_home: Path) -> None:
         self.home = home
         self.user_home = user_home
+        bound = context.current()  # the running agent's hook modules, as off limits as its home
+        self._hook_files = bound.protected if bound is not None else ()
         self.cwds: list[Path] = [cwd]
         self.cwd_unknown = False
         self.depth = 0
@@ -149,7 +152,9 @@ class CommandJudge:
 
     def protected(self, path: Path) -> str | None:
         if path not in self._protected:  # resolving follows links on disk: once per path is enough
-            self._protected[path] = protected_reason(path, home=self.home, cwd=path.parent)
+            self._protected[path] = protected_reason(
+                path, home=self.home, cwd=path.parent, extra=self._hook_files
+            )
         return self._protected[path]
 
     def resolve(self, text: str) -> list[Path]:
