@@ -8,6 +8,7 @@ cancel a question (Ctrl-C): it ends at once, answered as a refusal, and stops re
 from __future__ import annotations
 
 import os
+import re
 import select
 import sys
 import threading
@@ -109,10 +110,21 @@ def ask_terminal(question: str) -> str | None:
     return TerminalQuestions().ask(question)
 
 
+_LONG_BLANK = re.compile(r"[ \t]{8,}")
+_BLANK_LINES = re.compile(r"\n(?:[ \t]*\n){3,}")
+
+
+def _shown(command: str) -> str:
+    """The command with long runs of blanks named instead of drawn: thousands of spaces or empty lines
+    would push the start of the command off the screen, above the question."""
+    command = _BLANK_LINES.sub(lambda m: f"\n‹{m.group().count(chr(10)) - 1} empty lines›\n", command)
+    return _LONG_BLANK.sub(lambda m: f"‹{len(m.group())} blanks›", command)
+
+
 def approval_question(command: str, reason: str) -> str:
     """The approval question: the whole command, on as many lines as it has, each made visible (an
     escape sequence in it cannot hide a line or rewrite what is shown), then the reason as a sentence."""
-    lines = "".join(f"\n      {visible(line)}" for line in command.split("\n"))
+    lines = "".join(f"\n      {visible(line)}" for line in _shown(command).split("\n"))
     because = visible(reason).rstrip(". ")
     return (
         f"\n  ⚠ mibyan asks before running this:{lines}\n  This command {because}.\n"

@@ -63,6 +63,14 @@ def test_the_approval_question_shows_the_whole_command_and_its_escapes() -> None
     assert "This command deletes recursively.\n" in question
 
 
+def test_blanks_cannot_push_the_start_of_a_command_out_of_the_approval_question() -> None:
+    command = "rm -rf ./victim #" + " " * 6000 + "echo harmless" + "\n" * 500 + "ls"
+    question = approval_question(command, "deletes a folder and everything in it (rm -r)")
+    assert "      rm -rf ./victim #‹6000 blanks›echo harmless\n" in question
+    assert "‹499 empty lines›" in question
+    assert len(question.splitlines()) < 12 and max(map(len, question.splitlines())) < 80
+
+
 def test_sessions_commands_never_print_a_raw_escape(server: ScriptedServer, make_agent, home: Path) -> None:
     server.add(Reply(text=HOSTILE))
     agent = make_agent()
