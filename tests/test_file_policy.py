@@ -351,3 +351,26 @@ def test_a_path_with_a_nul_byte_is_an_error_for_the_model(
     )
     result = make_agent().run_conversation("go")
     assert result["completed"] and results(result) == ["error: a path cannot contain a NUL character"] * 2
+
+
+@pytest.mark.parametrize(
+    "command", ["cat ~/.ssh/id_rsa", "base64 < ~/.ssh/id_rsa", "cp ~/.ssh/id_rsa leak.txt"]
+)
+def test_the_terminal_asks_before_touching_a_secret_place_even_with_yolo(
+    server: ScriptedServer, make_agent, project: Path, command: str
+) -> None:
+    server.add(Reply(tool_calls=[("terminal", {"command": command})]), Reply(text="ok"))
+    result = make_agent(yolo=True).run_conversation("show me the key")
+    assert results(result)[0].startswith("not run:") and "~/.ssh" in results(result)[0]
+    assert "secret-material" not in sent_to_model(server)
+    assert not (project / "leak.txt").exists()
+
+
+def test_the_terminal_reads_a_secret_place_once_the_user_says_yes(
+    server: ScriptedServer, make_agent, project: Path
+) -> None:
+    asked: list[tuple[str, str]] = []
+    server.add(Reply(tool_calls=[("terminal", {"command": "cat ~/.ssh/id_rsa"})]), Reply(text="ok"))
+    make_agent(approval_callback=answering("once", asked)).run_conversation("show me the key")
+    assert asked and "~/.ssh" in asked[0][1]
+    assert "secret-material" in sent_to_model(server)

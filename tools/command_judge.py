@@ -191,9 +191,28 @@ class CommandJudge:
 
     def _judge_words(self, words: list[Word], feed: Feed) -> Verdict:
         head = words[0]
+        secrets = self.secrets(words[1:])
         if not (head.dynamic or head.pattern):
-            return judge_invocation(self, words, feed)
-        return self._judge_dynamic(words, feed)
+            return combine([judge_invocation(self, words, feed), *secrets])
+        return combine([self._judge_dynamic(words, feed), *secrets])
+
+    def secrets(self, args: Sequence[Word]) -> list[Verdict]:
+        """Arguments naming a place that holds secrets: the command asks every time, as read_file does."""
+        from mibyan.tools.path_policy import secret_reason
+
+        found: list[Verdict] = []
+        for word in args:
+            text = word.text.rpartition("=")[2] if "=" in word.text else word.text
+            if word.dynamic or not ("/" in text or text.startswith((".env", ".netrc"))):
+                continue
+            for path in self.resolve(text):
+                reason = secret_reason(path, cwd=self.cwds[0])
+                if reason is not None:
+                    found.append(
+                        Verdict("dangerous", f"reads or changes {reason}", "secret_file", ask_every_time=True)
+                    )
+                    break
+        return found
 
     def _judge_dynamic(self, words: list[Word], feed: Feed) -> Verdict:
         """A command whose name is only known at run time: its own kind, unless a guess is hardline."""

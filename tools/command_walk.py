@@ -261,6 +261,8 @@ class Walk:
             inner = [c for c in targets[0].named_children if c.type != "comment"]
             words = self.reader.statement_words(inner[0]) if len(inner) == 1 else []
             return Stream(command_name(words[0]) if words else "")
+        if targets and operator == "<":  # `cat < ~/.ssh/id_rsa` reads the secret as `cat ~/.ssh/id_rsa` does
+            self.findings.extend(self.judge.secrets(self.reader.words(targets[0])))
         if not targets or not any(ch in operator for ch in ">"):
             return None
         if operator in (">&", "<&") and targets[0].type == "number":

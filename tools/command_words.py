@@ -100,7 +100,8 @@ def combine(verdicts: Iterable[Verdict]) -> Verdict:
     keys = sorted({part for v in dangerous for part in v.key.split("+")})
     reasons = [v.reason for v in dangerous]
     reason = " and ".join(reasons[:3]) + (", and more" if len(reasons) > 3 else "")
-    return Verdict("dangerous", reason, "+".join(keys))
+    every_time = any(v.ask_every_time for v in dangerous)  # joined, a kind that always asks still does
+    return Verdict("dangerous", reason, "+".join(keys), ask_every_time=every_time)
 
 
 def split_options(

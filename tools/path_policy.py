@@ -130,6 +130,16 @@ def _secret_place(target: Path, plain: Path, *, cwd: Path) -> str | None:
     return None
 
 
+def secret_reason(path: Path, *, cwd: Path) -> str | None:
+    """What secret the absolute `path` holds (SSH keys, cloud credentials, ...), or None.
+
+    The command judge asks this of a shell command's arguments, so `cat ~/.ssh/id_rsa` asks as
+    `read_file` does.
+    """
+    plain, target = _both_forms(path)
+    return _secret_place(target, plain, cwd=cwd)
+
+
 def _starts_by_itself(target: Path, plain: Path) -> bool:
     home = Path.home()
     roots = [home / name for name in _HOME_STARTUP] + [Path("/etc")]
