@@ -244,6 +244,7 @@ class ToolExecutorMixin(AgentBase):
             {
                 "arguments": plan.raw_args,
                 "ok": ok,
+                "interrupted": self._signal.is_set(),  # it returned, but because it was stopped
                 "duration": time.monotonic() - started,
                 "preview": result[:_PREVIEW_CHARS],
             },

@@ -66,7 +66,7 @@ class Progress:
 
     def on_tool(self, phase: str, name: str, detail: dict[str, Any]) -> None:
         if phase == "end":
-            status = "ok" if detail.get("ok") else "failed"
+            status = "interrupted" if detail.get("interrupted") else "ok" if detail.get("ok") else "failed"
             self._note(
                 f"  ⚙ {name}({preview_arguments(detail.get('arguments'))}) · {status} · "
                 f"{detail.get('duration', 0):.1f}s"

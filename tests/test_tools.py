@@ -180,6 +180,31 @@ def test_interrupt_while_terminal_runs_kills_the_child(server: ScriptedServer, m
     assert not running_with_arguments(*marker)
 
 
+def test_a_tool_stopped_by_an_interrupt_ends_as_interrupted_not_ok(
+    server: ScriptedServer, make_agent
+) -> None:
+    server.add(Reply(tool_calls=[("terminal", {"command": "sleep 30"})]))
+    started, ended = threading.Event(), threading.Event()
+    ends: list[dict] = []
+
+    def progress(phase: str, name: str, detail: dict) -> None:
+        if phase == "start":
+            started.set()
+        else:
+            ends.append(detail)
+            ended.set()
+
+    agent = make_agent(tool_progress_callback=progress)
+    worker = threading.Thread(target=agent.run_conversation, args=("sleep",))
+    worker.start()
+    assert started.wait(10)
+    agent.interrupt()
+    worker.join(10)
+
+    assert ended.wait(10)
+    assert ends[0]["interrupted"] is True
+
+
 def test_a_denied_command_does_not_run_and_the_model_is_told(
     server: ScriptedServer, make_agent, tmp_path: Path
 ) -> None:
