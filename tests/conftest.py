@@ -10,11 +10,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import settings as hypothesis_settings
 
 sys.path.insert(0, str(Path(__file__).parent))
 
 from loopback import ScriptedServer
 from scripted_model import ScriptedModel
+
+# The same examples on every run and every machine: a property test that fails, fails for everyone.
+hypothesis_settings.register_profile("mibyan", derandomize=True, database=None)
+hypothesis_settings.load_profile("mibyan")
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).parent / "fixtures" / "recorded"
