@@ -17,7 +17,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -146,6 +146,44 @@ def _create_facts(db: sqlite3.Connection) -> None:
         END""",
     ):
         db.execute(statement)
+
+
+@migration
+def _create_gateway_ledger(db: sqlite3.Connection) -> None:
+    # The gateway's delivery ledger: what arrived on a channel (before it was acknowledged) and what was
+    # answered (before it was sent), so a restart resumes pending work and delivers nothing twice.
+    for statement in (
+        "ALTER TABLE sessions ADD COLUMN channel TEXT",
+        "CREATE INDEX sessions_channel ON sessions(channel)",
+        """CREATE TABLE gateway_inbox (
+            id INTEGER PRIMARY KEY,
+            channel TEXT NOT NULL,
+            message_key TEXT,
+            request TEXT NOT NULL,
+            status TEXT NOT NULL DEFAULT 'pending',
+            session_id TEXT,
+            history_length INTEGER,
+            received_at REAL NOT NULL,
+            UNIQUE (channel, message_key)
+        )""",
+        "CREATE INDEX gateway_inbox_status ON gateway_inbox(status)",
+        """CREATE TABLE gateway_outbox (
+            id INTEGER PRIMARY KEY,
+            inbox_id INTEGER NOT NULL UNIQUE REFERENCES gateway_inbox(id),
+            channel TEXT NOT NULL,
+            reply TEXT NOT NULL,
+            status TEXT NOT NULL DEFAULT 'pending',
+            created_at REAL NOT NULL,
+            sent_at REAL
+        )""",
+    ):
+        db.execute(statement)
+
+
+@migration
+def _facts_have_an_owner(db: sqlite3.Connection) -> None:
+    # NULL: the home's own facts; a gateway agent's are its workspace's, so agents never share them.
+    db.execute("ALTER TABLE facts ADD COLUMN owner TEXT")
 
 
 def _row_to_message(row: sqlite3.Row) -> Message:
@@ -410,6 +448,14 @@ class SessionStore:
             return f"{self.path}: cannot save: the database is read-only ({text})"
         return f"{self.path}: {text}"
 
+    def transaction(self) -> AbstractContextManager[sqlite3.Connection]:
+        """A write transaction (BEGIN IMMEDIATE) for tables other modules own, such as the gateway's."""
+        return self._transaction()
+
+    def query(self, sql: str, params: tuple[Any, ...] = ()) -> list[sqlite3.Row]:
+        """Rows of one read query; StoreError when the database fails."""
+        return self._query(sql, params)
+
     def _query(self, sql: str, params: tuple[Any, ...] = ()) -> list[sqlite3.Row]:
         with self._lock:
             try:
@@ -520,23 +566,25 @@ class SessionStore:
         )
         return [dict(r) for r in rows]
 
-    def add_fact(self, text: str) -> int:
+    def add_fact(self, text: str, *, owner: str | None = None) -> int:
+        """Store a fact; `owner` keeps it to one agent (None: the home's own facts)."""
         with self._transaction() as db:
             cursor = db.execute(
-                "INSERT INTO facts (text, created_at) VALUES (?, ?)", (mask_secrets(text), time.time())
+                "INSERT INTO facts (text, created_at, owner) VALUES (?, ?, ?)",
+                (mask_secrets(text), time.time(), owner),
             )
             return int(cursor.lastrowid or 0)
 
-    def relevant_facts(self, text: str, limit: int = 5) -> list[str]:
-        """Facts sharing words with `text`, most relevant first (bm25)."""
+    def relevant_facts(self, text: str, limit: int = 5, *, owner: str | None = None) -> list[str]:
+        """Facts of `owner` sharing words with `text`, most relevant first (bm25)."""
         words = [w for w in re.findall(r"\w+", text.lower()) if len(w) > 2][:40]
         if not words:
             return []
         query = " OR ".join(f'"{w}"' for w in words)
         rows = self._query(
             "SELECT f.text FROM facts_fts JOIN facts f ON f.id = facts_fts.rowid"
-            " WHERE facts_fts MATCH ? ORDER BY bm25(facts_fts) LIMIT ?",
-            (query, limit),
+            " WHERE facts_fts MATCH ? AND f.owner IS ? ORDER BY bm25(facts_fts) LIMIT ?",
+            (query, owner, limit),
         )
         return [str(r["text"]) for r in rows]
 

@@ -62,6 +62,10 @@ class AIAgent(
         denied_tools: tools this agent may not use, on top of `tools.deny`.
         http_transport: an httpx2 transport for the model calls (e.g. `httpx2.MockTransport` in tests);
             the default opens real connections.
+        workspace: a folder with the agent's own SOUL.md, MEMORY.md, USER.md, skills/ and AGENTS.md, used
+            instead of the home's (the session store stays the home's state.db).
+        max_tool_failures: consecutive failures of one tool before the model is told to change course
+            (`agent.max_tool_failures`, default 3).
         **callbacks: the callbacks of `agent.callbacks.Callbacks`, by name.
 
     Use it as a context manager (`with AIAgent(...) as agent:`), or call `close()` when done: it holds a
@@ -88,6 +92,8 @@ class AIAgent(
         yolo: bool = False,
         denied_tools: list[str] | None = None,
         http_transport: httpx2.BaseTransport | None = None,
+        workspace: str | os.PathLike[str] | None = None,
+        max_tool_failures: int | None = None,
         **callbacks: Any,
     ) -> None:
         init_agent(
@@ -107,6 +113,8 @@ class AIAgent(
             yolo=yolo,
             denied_tools=denied_tools,
             http_transport=http_transport,
+            workspace=workspace,
+            max_tool_failures=max_tool_failures,
             callbacks=callbacks,
         )
 

@@ -30,6 +30,7 @@ def settings_overrides(
     stream: bool | None,
     enabled_toolsets: list[str] | None,
     fallback_providers: list[dict[str, Any]] | None,
+    max_tool_failures: int | None = None,
 ) -> dict[str, Any]:
     """Constructor arguments in the shape of the configuration files (the last layer)."""
     if max_iterations is not None and max_iterations < 1:
@@ -38,7 +39,15 @@ def settings_overrides(
     model_layer = {k: v for k, v in (("name", model), ("provider", provider)) if v}
     if model_layer:
         overrides["model"] = model_layer
-    agent_layer = {k: v for k, v in (("max_turns", max_iterations), ("stream", stream)) if v is not None}
+    agent_layer = {
+        k: v
+        for k, v in (
+            ("max_turns", max_iterations),
+            ("stream", stream),
+            ("max_tool_failures", max_tool_failures),
+        )
+        if v is not None
+    }
     if agent_layer:
         overrides["agent"] = agent_layer
     if enabled_toolsets is not None:
@@ -66,6 +75,8 @@ def init_agent(
     yolo: bool,
     denied_tools: list[str] | None,
     http_transport: Any,
+    workspace: str | os.PathLike[str] | None,
+    max_tool_failures: int | None,
     callbacks: dict[str, Any],
 ) -> None:
     """Wire a new AIAgent: settings, provider runtime, adapter, tools, callbacks and session."""
@@ -73,6 +84,7 @@ def init_agent(
     from mibyan.agent.context_engine import load_engine
     from mibyan.agent.hooks import Hooks
     from mibyan.agent.interruptible import InterruptSignal
+    from mibyan.agent.memory import MemoryStore
     from mibyan.agent.prompt_builder import PromptState
     from mibyan.agent.tokens import TokenEstimator
     from mibyan.agent.tool_executor import ToolRuntime
@@ -87,11 +99,15 @@ def init_agent(
         stream=stream,
         enabled_toolsets=enabled_toolsets,
         fallback_providers=fallback_providers,
+        max_tool_failures=max_tool_failures,
     )
     home_path = Path(home) if home is not None else mibyan_home()
     settings = load_settings(home=home_path, overrides=overrides)
     agent.settings = settings
     agent.home = home_path
+    agent.workspace = Path(workspace) if workspace is not None else None
+    agent.persona_dir = agent.workspace or home_path
+    agent.memory = MemoryStore(home_path, folder=agent.workspace)
     runtime = resolve_runtime(
         settings,
         provider=settings.model.provider,
@@ -129,6 +145,8 @@ def init_agent(
         ),
         hooks=Hooks.from_config(settings.hooks),
     )
+    # a caller that answers first (the gateway) turns this off and calls compress_if_needed() itself
+    agent.compress_between_turns = True
     agent.delegation_depth = 0
     agent._children = set()
     agent._children_lock = threading.Lock()

@@ -209,7 +209,7 @@ class ConversationLoopMixin(AgentBase):
             self.session.store.add_usage(
                 self.session.session_id, turn.usage.input_tokens, turn.usage.output_tokens
             )
-        if isinstance(step, Final):
+        if isinstance(step, Final) and self.compress_between_turns:
             # Between turns: a long session is compressed before it gets near the window.
             self._compress_if_needed(turn, self.settings.compression.gateway_threshold, "between turns")
         return {

@@ -9,12 +9,24 @@ learns each connection's socket through httpcore's public `trace` request extens
 from __future__ import annotations
 
 import contextlib
+import functools
 import socket
+import ssl
 import threading
 import weakref
 from typing import Any
 
 import httpx2
+
+
+@functools.cache  # a memo, not state: the context never changes once built
+def shared_ssl_context() -> ssl.SSLContext:
+    """httpx2's default TLS context, built once per process.
+
+    Loading the CA bundle takes about 20 ms, which every new agent (a gateway builds one per message)
+    would pay again; a client context is safe to share between connections and threads.
+    """
+    return httpx2.create_ssl_context()
 
 
 class AbortableTransport(httpx2.BaseTransport):
@@ -24,6 +36,8 @@ class AbortableTransport(httpx2.BaseTransport):
     """
 
     def __init__(self, inner: httpx2.BaseTransport | None = None, **kwargs: Any) -> None:
+        if inner is None:
+            kwargs.setdefault("verify", shared_ssl_context())
         self._inner = inner if inner is not None else httpx2.HTTPTransport(**kwargs)
         self._sockets: weakref.WeakSet[socket.socket] = weakref.WeakSet()
         self._lock = threading.Lock()

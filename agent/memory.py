@@ -24,10 +24,12 @@ _ENTRY_SEPARATOR = "\n"
 
 
 class MemoryStore:
-    """The two memory files of one mibyan home."""
+    """The two memory files of one mibyan home (in `memories/`), or of one agent's workspace (`folder`)."""
 
-    def __init__(self, home: Path) -> None:
-        self.folder = home / "memories"
+    def __init__(self, home: Path, *, folder: Path | None = None) -> None:
+        self.folder = folder if folder is not None else home / "memories"
+        #: whose facts in the store are this memory's: None for the home, the workspace for an agent's
+        self.fact_owner = str(folder) if folder is not None else None
 
     def path(self, target: str) -> Path:
         if target not in FILES:

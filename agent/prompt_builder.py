@@ -1,11 +1,12 @@
 """Turn step 3: the system prompt, assembled once per session and reused so prompt caches hit.
 
-The parts, in a fixed order: the persona ($MIBYAN_HOME/SOUL.md, else the built-in one), tool-use
-guidance, the project's context file (the first .mibyan.md, AGENTS.md or CLAUDE.md from the working
-directory up to the git root), the memory snapshot (MEMORY.md, USER.md) as it was when the session
-started, the list of skills, and environment facts (the date but not the time, so the prompt stays
-byte-identical all day). What varies per message (matched skills, relevant facts) is sent as an
-ephemeral layer instead, so the cached prefix does not move.
+The parts, in a fixed order: the persona ($MIBYAN_HOME/SOUL.md, or the agent workspace's; else the
+built-in one), tool-use guidance, the project's context file (the first .mibyan.md, AGENTS.md or
+CLAUDE.md from the working directory up to the git root; an agent workspace's own AGENTS.md), the memory
+snapshot (MEMORY.md, USER.md) as it was when the session started, the list of skills, and environment
+facts (the date but not the time, so the prompt stays byte-identical all day). What varies per message
+(matched skills, relevant facts) is sent as an ephemeral layer instead, so the cached prefix does not
+move.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
 
-from mibyan.agent.memory import MemoryStore
 from mibyan.agent.protocol import AgentBase
 from mibyan.agent.skills import SemanticMatcher, Skill, discover_skills, match_skills, skills_index
 
@@ -87,20 +87,21 @@ class PromptBuilderMixin(AgentBase):
         return text
 
     def _skills(self) -> list[Skill]:
-        return discover_skills(self.home, Path.cwd())
+        return discover_skills(self.persona_dir, Path.cwd())
 
     def _build_system_prompt(self) -> str:
         cwd = Path.cwd()
-        soul = self.home / "SOUL.md"
+        soul = self.persona_dir / "SOUL.md"
         parts = [
             soul.read_text(encoding="utf-8").strip() if soul.is_file() else DEFAULT_PERSONA,
             TOOL_GUIDANCE,
         ]
-        context_file = find_project_context(cwd)
-        if context_file is not None:
+        # an agent with a workspace (a gateway's) has its own context file, not the start folder's
+        context_file = find_project_context(cwd) if self.workspace is None else self.workspace / "AGENTS.md"
+        if context_file is not None and context_file.is_file():
             text = capped(context_file.read_text(encoding="utf-8", errors="replace").strip(), _CONTEXT_CAP)
             parts.append(f"# Project context ({context_file.name})\n\n{text}")
-        memory = MemoryStore(self.home).snapshot()
+        memory = self.memory.snapshot()
         if memory:
             parts.append(f"# Memory from earlier sessions\n\n{memory}")
         skills = self._skills()
@@ -119,7 +120,7 @@ class PromptBuilderMixin(AgentBase):
         if self.prompt.skill_matcher is not None:
             matched += [s for s in self.prompt.skill_matcher.match(skills, message) if s not in matched]
         layers = [f"[Skill: {s.name}]\n{s.body}" for s in matched]
-        facts = self.session.store.relevant_facts(message)
+        facts = self.session.store.relevant_facts(message, owner=self.memory.fact_owner)
         if facts:
             text = capped("\n".join(f"- {fact}" for fact in facts), _FACTS_CAP)
             layers.append(f"[Facts you stored that may be relevant]\n{text}")

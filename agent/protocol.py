@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from mibyan.agent.context_engine import ContextEngine
     from mibyan.agent.errors import ProviderError
     from mibyan.agent.interruptible import InterruptSignal
+    from mibyan.agent.memory import MemoryStore
     from mibyan.agent.messages import Message
     from mibyan.agent.prompt_builder import PromptState
     from mibyan.agent.providers import ProviderState
@@ -53,6 +54,11 @@ class AgentCore(ABC):
     home: Path
     callbacks: Callbacks
     sandbox: Sandbox
+    # where the persona, memory files, skills and context file come from: the home, or a workspace
+    workspace: Path | None
+    persona_dir: Path
+    memory: MemoryStore
+    compress_between_turns: bool
 
     # -- the provider: the one talked to now, the primary, the ones that failed lately, the client ---
     provider: ProviderState

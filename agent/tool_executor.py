@@ -111,13 +111,13 @@ class ToolExecutorMixin(AgentBase):
         return handlers.get(name)
 
     def _memory(self, args: dict[str, Any], turn: TurnState) -> str:
-        return apply_memory(self.home, self.session.store, args)
+        return apply_memory(self.memory, self.session.store, args)
 
     def _skills_list(self, args: dict[str, Any], turn: TurnState) -> str:
-        return list_skills(self.home)
+        return list_skills(self.persona_dir)
 
     def _skill_view(self, args: dict[str, Any], turn: TurnState) -> str:
-        return view_skill(self.home, str(args["name"]))
+        return view_skill(self.persona_dir, str(args["name"]))
 
     def _todo(self, args: dict[str, Any], turn: TurnState) -> str:
         return apply_todo(self.session.store, self.session.session_id, args)

@@ -36,6 +36,17 @@ class OverflowMixin(AgentBase):
             "report": done or "nothing to compress",
         }
 
+    def compress_if_needed(self) -> bool:
+        """Compress now if the session is past `compression.gateway_threshold`, as the end of a turn does
+        (for a caller that set `compress_between_turns` off to deliver the answer first).
+
+        Returns:
+            Whether the session was compressed (it continues in a child session then).
+        """
+        before = self.session.session_id
+        self._compress_if_needed(None, self.settings.compression.gateway_threshold, "between turns")
+        return self.session.session_id != before
+
     def _compress_if_needed(self, turn: TurnState | None, threshold: float, reason: str) -> None:
         engine = self._context_engine
         if engine is not None and engine.should_compress(
@@ -71,7 +82,7 @@ class OverflowMixin(AgentBase):
             self.callbacks.emit("status_callback", "compression_failed", "; ".join(problems))
             return None
         for fact in result.facts:  # the memory flush: what must outlive the dropped messages
-            self.session.store.add_fact(fact)
+            self.session.store.add_fact(fact, owner=self.memory.fact_owner)
         if not self.prompt.custom:
             self.prompt.text = None  # rebuilt for the child: memory written meanwhile gets in
         engine.on_session_end(self.session.session_id)

@@ -33,13 +33,13 @@ class _LogFile(logging.FileHandler):
         return
 
 
-def setup_logging(home: Path) -> None:
+def setup_logging(home: Path, *, file_name: str = "mibyan.log") -> None:
     """Send mibyan's warnings and errors to its log file instead of the terminal (once per process)."""
     root = logging.getLogger("mibyan")
     if any(h.get_name() == _HANDLER_NAME for h in root.handlers):
         return
     folder = home / "logs"
-    path = folder / "mibyan.log"
+    path = folder / file_name
     try:
         private_dir(folder)
         if not path.exists():

@@ -153,6 +153,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     skill_actions.add_parser("list", help="name, description and trigger words of each skill")
     _add_trust_command(commands)
+    gateway = commands.add_parser(
+        "gateway",
+        help="serve the configured agents over their connectors (an OpenAI-compatible HTTP API)",
+        description="Serve the agents of agents: over the connectors of connectors: until SIGTERM or "
+        "Ctrl-C; each channel is one session.",
+    )
+    gateway.add_argument("--check", action="store_true", help="validate the configuration and exit")
     return parser
 
 
@@ -244,6 +251,10 @@ def run_command(argv: Sequence[str] | None = None) -> int:
             from mibyan.cli.trust import run_trust
 
             return run_trust(args)
+        if args.command == "gateway":
+            from mibyan.cli.gateway import run_gateway
+
+            return run_gateway(args)
         if args.command == "sessions":
             from mibyan.cli.sessions import run_sessions
 

@@ -30,6 +30,7 @@ SESSION_KEYS = (
     "parent_id",
     "title",
     "source",
+    "channel",
     "model",
     "provider",
     "api_mode",

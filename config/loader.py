@@ -15,10 +15,17 @@ from typing import Any, Literal
 from urllib.parse import urlparse
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from mibyan.agent.errors import ConfigError
 from mibyan.config.api_modes import API_MODES, ApiMode
+from mibyan.config.gateway import (
+    Connector,
+    GatewayAgent,
+    GatewaySection,
+    check_agents,
+    check_connectors,
+)
 from mibyan.config.paths import mibyan_home
 from mibyan.config.trust import (
     UntrustedConfigWarning,
@@ -171,6 +178,23 @@ class AgentSettings(_Section):
     web: WebSection = WebSection()
     auxiliary: dict[str, AuxiliaryTask] = {}
     fallback_providers: list[FallbackSettings] = []
+    agents: list[GatewayAgent] = []
+    connectors: list[Connector] = []
+    gateway: GatewaySection = GatewaySection()
+
+    @field_validator("agents")
+    @classmethod
+    def _agents_unique_and_known(cls, agents: list[GatewayAgent], info: ValidationInfo) -> list[GatewayAgent]:
+        check_agents(agents, info.data.get("providers"))
+        return agents
+
+    @field_validator("connectors")
+    @classmethod
+    def _connectors_route_to_agents(
+        cls, connectors: list[Connector], info: ValidationInfo
+    ) -> list[Connector]:
+        check_connectors(connectors, info.data.get("agents"))
+        return connectors
 
 
 def _read_bytes(path: Path) -> bytes:

@@ -1,9 +1,10 @@
 """mibyan: a terminal AI agent and Python library.
 
 Everything mibyan installs lives under this one name (`mibyan.agent`, `mibyan.tools`, `mibyan.cli`,
-`mibyan.config`), beside the three public top-level modules `run_agent`, `model_tools` and `agent_state`, so a
-project with its own `config.py` or `tools/` never shadows it. In a source checkout the subpackages are the
-folders at the repository's top, reached through symbolic links in this folder; a wheel holds them here.
+`mibyan.config`, `mibyan.gateway`), beside the three public top-level modules `run_agent`, `model_tools`
+and `agent_state`, so a project with its own `config.py` or `tools/` never shadows it. In a source
+checkout the subpackages are the folders at the repository's top, reached through symbolic links in this
+folder; a wheel holds them here.
 
     from mibyan import AIAgent        # the same class as `from run_agent import AIAgent`
 """

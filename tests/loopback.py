@@ -60,6 +60,7 @@ class Seen:
 
 class _QuietServer(ThreadingHTTPServer):
     daemon_threads = True
+    request_queue_size = 128  # many agents connecting at once (a gateway's channels) must not be refused
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         # Clients that exit without closing a keep-alive connection reset it: not worth a traceback.

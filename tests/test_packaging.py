@@ -67,6 +67,7 @@ def test_the_wheel_installs_four_top_level_names_and_the_defaults(wheel: Path) -
     top = {name.split("/")[0] for name in names if not name.split("/")[0].endswith(".dist-info")}
     assert top == {"mibyan", "run_agent.py", "model_tools.py", "agent_state.py"}
     assert "mibyan/config/defaults.yaml" in names
+    assert {"mibyan/gateway/runner.py", "mibyan/gateway/connectors/http.py"} <= set(names)
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
     with zipfile.ZipFile(wheel) as archive:
         assert "mibyan = mibyan.cli.main:main" in archive.read(entry_points).decode()
@@ -161,3 +162,23 @@ def test_the_version_is_the_installed_packages(installed: Path, home: Path) -> N
         metadata.write_text(original)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("mibyan 7.7.7.dev0+")
+
+
+def test_the_gateway_from_the_wheel_checks_its_configuration(
+    installed: Path, server: ScriptedServer, home: Path, tmp_path: Path
+) -> None:
+    agents = "agents: [{id: meepa, provider: local}]\nconnectors: [{name: api, kind: http, port: 0}]\n"
+    local = f"providers: {{local: {{api_mode: chat_completions, base_url: '{server.base_url}'}}}}\n"
+    (home / "config.yaml").write_text(local + agents)
+
+    done = subprocess.run(
+        [installed / "bin" / "mibyan", "gateway", "--check"],
+        cwd=tmp_path,
+        env={**_clean_env(home), "MIBYAN_GATEWAY_TOKEN": "t"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+    assert done.returncode == 0, done.stderr
+    assert "configuration is valid: 1 agent(s), 1 connector(s)" in done.stderr

@@ -12,23 +12,23 @@ from mibyan.agent.skills import discover_skills, skills_index
 from mibyan.tools.registry import tool
 
 
-def apply_memory(home: Path, store: SessionStore, args: dict[str, Any]) -> str:
+def apply_memory(memory: MemoryStore, store: SessionStore, args: dict[str, Any]) -> str:
     action = str(args.get("action") or "")
     target = str(args.get("target") or "memory")
     content = str(args.get("content") or "")
     if action == "read":
-        return MemoryStore(home).read(target) or f"({target} is empty)"
+        return memory.read(target) or f"({target} is empty)"
     if action == "remember":
         if not content.strip():
             raise ToolError("remember needs content: the fact to keep")
         if mask_secrets(content) != content:
             raise ToolError("that looks like a secret (a key or token); secrets are never stored")
-        store.add_fact(content.strip())
+        store.add_fact(content.strip(), owner=memory.fact_owner)
         return "fact stored; it will be offered again when a message mentions its words"
     if action == "recall":
-        facts = store.relevant_facts(str(args.get("query") or content))
+        facts = store.relevant_facts(str(args.get("query") or content), owner=memory.fact_owner)
         return "\n".join(f"- {f}" for f in facts) or "no stored fact matches"
-    return MemoryStore(home).change(target, action, content=content, old=str(args.get("old") or ""))
+    return memory.change(target, action, content=content, old=str(args.get("old") or ""))
 
 
 def view_skill(home: Path, name: str) -> str:

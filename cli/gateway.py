@@ -1,0 +1,115 @@
+"""`mibyan gateway [--check]`: serve the configured agents over their connectors, in the foreground.
+
+Start: one line per connector on stderr (`mibyan gateway: <name> (<kind>) on <url>`), then
+`mibyan gateway: ready`. SIGTERM or SIGINT: stop accepting, let running turns finish within
+`gateway.shutdown_grace`, interrupt what is still running (its history stays valid and the message is
+resumed at the next start), exit 0. A broken configuration is one line and exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from mibyan.agent.errors import ConfigError
+from mibyan.cli.exit_codes import EXIT_OK, EXIT_USAGE
+from mibyan.config.loader import AgentSettings, load_settings, mibyan_home
+
+if TYPE_CHECKING:
+    from mibyan.gateway.connectors.base import Connector
+    from mibyan.gateway.runner import Gateway
+
+log = logging.getLogger("mibyan.gateway")
+
+
+def _say(line: str) -> None:
+    sys.stderr.write(f"mibyan gateway: {line}\n")
+    sys.stderr.flush()
+
+
+def check_config(settings: AgentSettings, home: Path) -> None:
+    """What the gateway needs beyond a valid file: agents, connectors, a token per connector, and for
+    each agent a provider it can reach and tools that exist.
+
+    Raises:
+        ConfigError: one line saying what to set.
+    """
+    from mibyan.gateway.agents import AgentInstance
+    from mibyan.gateway.connectors.http import read_token
+
+    if not settings.agents:
+        raise ConfigError("agents: no agent is configured; add one under agents: (see README)")
+    if not settings.connectors:
+        raise ConfigError("connectors: no connector is configured; add one under connectors: (see README)")
+    for connector in settings.connectors:
+        read_token(connector, os.environ)  # a server is never left open without a token
+    for entry in settings.agents:
+        if entry.isolation.enabled:  # never run tools unisolated when isolation was asked for
+            raise ConfigError(f"agents ({entry.id}): isolation.enabled: not available yet; set it to false")
+        AgentInstance(entry, settings, home).check()
+
+
+def run_gateway(args: argparse.Namespace) -> int:
+    """Entry of `mibyan gateway`; returns the exit code."""
+    from mibyan.cli.logs import setup_logging
+
+    home = mibyan_home()
+    try:
+        settings = load_settings(home=home)
+        check_config(settings, home)
+        if args.check:
+            agents, connectors = len(settings.agents), len(settings.connectors)
+            _say(f"configuration is valid: {agents} agent(s), {connectors} connector(s)")
+            return EXIT_OK
+        setup_logging(home, file_name="gateway.log")
+        return asyncio.run(_serve(settings, home))
+    except ConfigError as exc:
+        sys.stderr.write(f"mibyan: {exc}\n")
+        return EXIT_USAGE
+
+
+async def _redeliver(gateway: Gateway, connectors: list[Connector]) -> None:
+    """Send the replies a previous run recorded but did not send (those still recent enough)."""
+    by_name = {connector.name: connector for connector in connectors}
+    for reply in await gateway.undelivered():
+        connector = by_name.get(reply.channel.split("/")[1])
+        if connector is not None and await connector.deliver(reply):
+            await gateway.delivered(reply.inbox_id)
+
+
+async def _serve(settings: AgentSettings, home: Path) -> int:
+    from mibyan.gateway.agents import prepare_workspace
+    from mibyan.gateway.connectors import make_connector
+    from mibyan.gateway.runner import Gateway
+
+    gateway = Gateway(settings, home)
+    for instance in gateway.agents.values():
+        prepare_workspace(instance.workspace)
+        instance.write_agents_md()
+    connectors = [make_connector(entry, gateway) for entry in settings.connectors]
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stopping.set)
+    resumed = await gateway.resume()
+    if resumed:
+        log.info("resumed %d message(s) left unanswered by the last run", resumed)
+    for connector in connectors:
+        await connector.start()
+        _say(f"{connector.name} ({connector.kind}) on {connector.url}")
+    await _redeliver(gateway, connectors)
+    _say("ready")
+    log.info("ready: %s", ", ".join(f"{c.name} on {c.url}" for c in connectors))
+    await stopping.wait()
+    _say("stopping")
+    await gateway.drain()
+    for connector in connectors:
+        await connector.stop()
+    gateway.close()
+    return EXIT_OK

@@ -1,0 +1,90 @@
+"""The gateway's configuration sections: `agents:`, `connectors:` and `gateway:`.
+
+They are part of the one configuration (validated with every other section, so a broken entry is one
+line naming the file and key), but only `mibyan gateway` acts on them. An untrusted project's
+`.mibyan/config.yaml` cannot set them: the trust allow-list does not name them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+ID_PATTERN = r"^[a-z0-9_-]+$"
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class AgentTools(_Section):
+    """Which tools a gateway agent's model sees: toolsets (the main `tools.toolsets` when omitted)."""
+
+    toolsets: list[str] | None = None
+    allow: list[str] = []
+    deny: list[str] = []
+
+
+class Isolation(_Section):
+    enabled: bool = False
+
+
+class GatewayAgent(_Section):
+    """One agent the gateway serves (seed 004's fields)."""
+
+    id: str = Field(pattern=ID_PATTERN)
+    name: str | None = None
+    default: bool = False
+    provider: str | None = None
+    model: str | None = None
+    max_iterations: int = Field(default=10, gt=0)
+    max_tool_failures: int = Field(default=3, gt=0)
+    tools: AgentTools = AgentTools()
+    isolation: Isolation = Isolation()
+
+
+class Connector(_Section):
+    """One connector: where messages arrive, and the agent that owns them (every agent when omitted)."""
+
+    name: str = Field(pattern=ID_PATTERN)
+    kind: Literal["http"]
+    agent: str | None = None
+    host: str = "127.0.0.1"
+    port: int = Field(default=8642, ge=0, le=65535)
+    token_env: str = "MIBYAN_GATEWAY_TOKEN"
+
+
+class GatewaySection(_Section):
+    max_concurrent: int = Field(default=16, gt=0)
+    approvals: Literal["deny", "ask"] = "deny"
+    shutdown_grace: float = Field(default=30, ge=0)
+    redeliver_within: float = Field(default=600, ge=0)
+
+
+def check_agents(agents: Sequence[GatewayAgent], providers: Collection[str] | None) -> None:
+    """ValueError when two agents share an id or one names a provider that is not configured."""
+    seen: set[str] = set()
+    for agent in agents:
+        if agent.id in seen:
+            raise ValueError(f"two agents have the id '{agent.id}'; ids must be unique")
+        seen.add(agent.id)
+        if providers is not None and agent.provider is not None and agent.provider not in providers:
+            known = ", ".join(sorted(providers))
+            raise ValueError(f"agent '{agent.id}': unknown provider '{agent.provider}' (known: {known})")
+
+
+def check_connectors(connectors: Sequence[Connector], agents: Sequence[GatewayAgent] | None) -> None:
+    """ValueError when two connectors share a name or one routes to an agent that is not configured."""
+    ids = {agent.id for agent in agents or ()}
+    seen: set[str] = set()
+    for connector in connectors:
+        if connector.name in seen:
+            raise ValueError(f"two connectors are named '{connector.name}'; names must be unique")
+        seen.add(connector.name)
+        if connector.agent is not None and connector.agent not in ids:
+            known = ", ".join(sorted(ids)) or "none configured under agents:"
+            raise ValueError(
+                f"connector '{connector.name}': unknown agent '{connector.agent}' (known: {known})"
+            )

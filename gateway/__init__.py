@@ -1,0 +1,1 @@
+"""`mibyan gateway`: the configured agents served over connectors, one session per channel."""

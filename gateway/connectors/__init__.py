@@ -1,0 +1,24 @@
+"""Connectors: where the gateway's messages arrive and its replies leave, one module per kind."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from mibyan.config.gateway import Connector as ConnectorSettings
+
+if TYPE_CHECKING:
+    from mibyan.gateway.connectors.base import Connector
+    from mibyan.gateway.runner import Gateway
+
+
+def make_connector(settings: ConnectorSettings, gateway: Gateway) -> Connector:
+    """The connector of a `connectors:` entry (its kind's module is imported here, on use).
+
+    Raises:
+        ConfigError: the entry cannot be served as configured (one line saying what to change).
+    """
+    if settings.kind == "http":
+        from mibyan.gateway.connectors.http import HttpConnector
+
+        return HttpConnector(settings, gateway)
+    raise AssertionError(f"connector kind {settings.kind!r} has no module")

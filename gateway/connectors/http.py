@@ -1,0 +1,393 @@
+"""The `http` connector: an OpenAI-compatible endpoint (Starlette on uvicorn), so any OpenAI client talks
+to a mibyan agent.
+
+Routes: `GET /health` (open), `GET /v1/models` and `POST /v1/chat/completions` (bearer token). The
+channel is the `X-Mibyan-Channel` header, else the body's `user`: with one, only the last user message
+is new and the channel's session is the history; without one, the request's messages are the whole
+conversation. `Idempotency-Key` makes a repeat return the first reply. Errors use OpenAI's envelope.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import ipaddress
+import json
+import os
+import socket
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from mibyan.agent.errors import ConfigError, MibyanError
+from mibyan.config.gateway import Connector as ConnectorSettings
+from mibyan.gateway.ledger import Reply
+from mibyan.gateway.runner import Gateway
+from mibyan.gateway.work import Inbound, Outcome, ShuttingDown, UnknownAgent
+
+_ROLES = frozenset({"system", "user", "assistant", "tool"})
+_KEPT_KEYS = ("role", "content", "tool_calls", "tool_call_id", "name")
+_CHANNEL_MAX = 200
+_BODY_MAX = 8 * 1024 * 1024  # bytes of one request body: a conversation, not an upload
+
+
+class BadRequest(Exception):
+    """The request body is not a chat completion request we can serve."""
+
+
+def is_loopback_host(host: str) -> bool:
+    """Whether `host` is reachable from this machine only (127.0.0.0/8, ::1, localhost)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def read_token(settings: ConnectorSettings, env: dict[str, str] | os._Environ[str]) -> str:
+    """The bearer token clients must send; ConfigError (one line) when its variable is not set."""
+    token = env.get(settings.token_env, "")
+    if token:
+        return token
+    if not is_loopback_host(settings.host):
+        raise ConfigError(
+            f"connector '{settings.name}': host {settings.host} is reachable from other machines; "
+            f"set {settings.token_env} to a bearer token first (or bind 127.0.0.1)"
+        )
+    raise ConfigError(
+        f"connector '{settings.name}': set {settings.token_env} to the bearer token clients must send"
+    )
+
+
+def error(status: int, message: str, kind: str, code: str) -> JSONResponse:
+    """An error response in OpenAI's envelope."""
+    return JSONResponse({"error": {"message": message, "type": kind, "code": code}}, status_code=status)
+
+
+def _text_of(content: Any) -> str:
+    """A message's text: a string, or the text parts of a content list."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = [p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text"]
+        if all(isinstance(p, str) for p in parts) and parts:
+            return "".join(str(p) for p in parts)
+    raise BadRequest("message content must be a string or a list of text parts")
+
+
+def parse_messages(body: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
+    """The new user message and the messages before it, checked."""
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest("'messages' must be a non-empty list")
+    cleaned: list[dict[str, Any]] = []
+    for index, message in enumerate(messages):
+        if not isinstance(message, dict) or message.get("role") not in _ROLES:
+            raise BadRequest(f"messages[{index}]: needs a role of {', '.join(sorted(_ROLES))}")
+        kept = {k: message[k] for k in _KEPT_KEYS if k in message and message[k] is not None}
+        if "content" in kept and message["role"] != "assistant":
+            kept["content"] = _text_of(kept["content"])
+        kept.setdefault("content", None if message["role"] == "assistant" else "")
+        cleaned.append(kept)
+    last = cleaned[-1]
+    if last["role"] != "user":
+        raise BadRequest("the last message must be the user's (role 'user')")
+    return str(last["content"]), cleaned[:-1]
+
+
+async def _read_body(request: Request) -> bytes:
+    """The request body, refused (BadRequest) past `_BODY_MAX` bytes however it is sent."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > _BODY_MAX:
+        raise BadRequest(f"the body is larger than {_BODY_MAX // (1024 * 1024)} MiB")
+    parts: list[bytes] = []
+    size = 0
+    async for part in request.stream():
+        size += len(part)
+        if size > _BODY_MAX:
+            raise BadRequest(f"the body is larger than {_BODY_MAX // (1024 * 1024)} MiB")
+        parts.append(part)
+    return b"".join(parts)
+
+
+def check_channel(channel: object) -> None:
+    """A channel id is a short printable string: it names a session and shows in `mibyan sessions`."""
+    if not isinstance(channel, str) or not channel.strip():
+        raise BadRequest("the channel ('user' or X-Mibyan-Channel) must be a non-empty string")
+    if len(channel) > _CHANNEL_MAX or not channel.isprintable():
+        raise BadRequest(f"the channel must be at most {_CHANNEL_MAX} printable characters")
+
+
+def completion(outcome: Outcome, model: str) -> dict[str, Any]:
+    """A `chat.completion` holding the run's answer and its token usage."""
+    usage = outcome.usage
+    return {
+        "id": f"chatcmpl-{outcome.inbox_id}-{uuid.uuid4().hex[:8]}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": outcome.text},
+                "finish_reason": "stop",
+            }
+        ],
+        "usage": {
+            "prompt_tokens": usage.get("input_tokens", 0),
+            "completion_tokens": usage.get("output_tokens", 0),
+            "total_tokens": usage.get("input_tokens", 0) + usage.get("output_tokens", 0),
+        },
+    }
+
+
+def chunk(chunk_id: str, model: str, delta: dict[str, Any], finish: str | None = None) -> str:
+    """One `chat.completion.chunk` server-sent event."""
+    event = {
+        "id": chunk_id,
+        "object": "chat.completion.chunk",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+    }
+    return f"data: {json.dumps(event, ensure_ascii=False)}\n\n"
+
+
+class _Server(uvicorn.Server):
+    """uvicorn without its signal handlers: SIGTERM and SIGINT belong to `mibyan gateway`."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+class HttpConnector:
+    """An OpenAI-compatible HTTP endpoint in front of the gateway's agents."""
+
+    kind = "http"
+
+    def __init__(self, settings: ConnectorSettings, gateway: Gateway) -> None:
+        self.settings = settings
+        self.name = settings.name
+        self.gateway = gateway
+        self._token = read_token(settings, os.environ).encode()
+        self._server: _Server | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._port = settings.port
+
+    @property
+    def url(self) -> str:
+        host = self.settings.host
+        return f"http://{f'[{host}]' if ':' in host else host}:{self._port}/v1"
+
+    def app(self) -> Starlette:
+        return Starlette(
+            routes=[
+                Route("/health", self._health, methods=["GET"]),
+                Route("/v1/models", self._models, methods=["GET"]),
+                Route("/v1/chat/completions", self._chat, methods=["POST"]),
+            ]
+        )
+
+    async def start(self) -> None:
+        config = uvicorn.Config(
+            self.app(),
+            host=self.settings.host,
+            port=self.settings.port,
+            log_config=None,
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
+            timeout_graceful_shutdown=int(self.gateway.settings.gateway.shutdown_grace) + 5,
+        )
+        listener = self._listen()
+        self._port = listener.getsockname()[1]
+        self._server = _Server(config)
+        self._task = asyncio.create_task(self._server.serve(sockets=[listener]))
+        while not self._server.started:
+            if self._task.done():
+                self._task.result()  # raises what stopped it
+                raise ConfigError(f"connector '{self.name}': cannot listen on {self.settings.host}")
+            await asyncio.sleep(0.01)
+
+    def _listen(self) -> socket.socket:
+        """The listening socket, bound here so that a taken port is one clear line (exit 2)."""
+        host, port = self.settings.host, self.settings.port
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        # IPPROTO_TCP named, not 0: asyncio sets TCP_NODELAY only on sockets that say they are TCP, and
+        # without it every reply waits ~40 ms for the client's delayed ACK
+        listener = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            listener.bind((host, port))
+        except OSError as exc:
+            listener.close()
+            raise ConfigError(
+                f"connector '{self.name}': cannot listen on {host}:{port} ({exc.strerror or exc})"
+            ) from None
+        listener.listen(128)
+        return listener
+
+    async def stop(self) -> None:
+        if self._server is not None and self._task is not None:
+            self._server.should_exit = True
+            await self._task
+
+    async def deliver(self, reply: Reply) -> bool:
+        return False  # HTTP replies are collected by the client repeating its request
+
+    def _authorized(self, request: Request) -> bool:
+        header = request.headers.get("authorization", "")
+        scheme, _, token = header.partition(" ")
+        return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), self._token)
+
+    async def _health(self, request: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    async def _models(self, request: Request) -> Response:
+        if not self._authorized(request):
+            return error(401, "missing or wrong bearer token", "authentication_error", "invalid_api_key")
+        served = [self.settings.agent] if self.settings.agent else sorted(self.gateway.agents)
+        data = [{"id": agent, "object": "model", "created": 0, "owned_by": "mibyan"} for agent in served]
+        return JSONResponse({"object": "list", "data": data})
+
+    async def _chat(self, request: Request) -> Response:
+        if not self._authorized(request):
+            return error(401, "missing or wrong bearer token", "authentication_error", "invalid_api_key")
+        try:
+            body = json.loads(await _read_body(request))
+            if not isinstance(body, dict):
+                raise BadRequest("the body must be a JSON object")
+            model = body.get("model")
+            if model is not None and not isinstance(model, str):
+                raise BadRequest("'model' must be a string")
+            text, history = parse_messages(body)
+            channel = request.headers.get("x-mibyan-channel") or body.get("user")
+            if channel is not None:
+                check_channel(channel)
+            message_key = request.headers.get("idempotency-key") or None
+            if message_key is not None and (len(message_key) > _CHANNEL_MAX or not message_key.isprintable()):
+                raise BadRequest(f"Idempotency-Key must be at most {_CHANNEL_MAX} printable characters")
+            instance = self.gateway.route(self.settings, model)
+        except (ValueError, BadRequest) as exc:
+            return error(
+                400, str(exc) or "the body is not valid JSON", "invalid_request_error", "bad_request"
+            )
+        except UnknownAgent as exc:
+            return error(404, str(exc), "invalid_request_error", "model_not_found")
+        inbound = Inbound(
+            agent_id=instance.id,
+            connector=self.name,
+            channel=channel,
+            text=text,
+            history=None if channel is not None else history,
+            message_key=message_key,
+        )
+        if body.get("stream") is True:
+            return await self._stream(inbound, instance.id)
+        try:
+            outcome = await self.gateway.submit(inbound)
+        except ShuttingDown as exc:
+            return error(503, str(exc), "server_error", "shutting_down")
+        except MibyanError as exc:  # the agent could not be built or stored (its log line has the cause)
+            return error(500, str(exc), "server_error", "internal_error")
+        failed = _failure(outcome)
+        if failed is not None:
+            return failed
+        response = JSONResponse(
+            completion(outcome, instance.id), headers={"X-Mibyan-Session": outcome.session_id}
+        )
+        await self.gateway.delivered(outcome.inbox_id)
+        return response
+
+    async def _stream(self, inbound: Inbound, model: str) -> Response:
+        """Stream the answer as chat.completion.chunk events.
+
+        The response starts with the answer's first text (or the run's end), so a run that fails before
+        it says anything is still a plain error status, and the session id can be a header.
+        """
+        loop = asyncio.get_running_loop()
+        deltas: asyncio.Queue[str] = asyncio.Queue()
+        session: list[str] = []
+
+        def on_delta(text: str) -> None:  # called on the agent's worker thread
+            loop.call_soon_threadsafe(deltas.put_nowait, text)
+
+        def on_start(session_id: str) -> None:  # called on the agent's worker thread
+            session.append(session_id)
+
+        run = asyncio.create_task(self.gateway.submit(inbound, on_delta=on_delta, on_start=on_start))
+        first = asyncio.ensure_future(deltas.get())
+        await asyncio.wait({first, run}, return_when=asyncio.FIRST_COMPLETED)
+        if not first.done():
+            first.cancel()
+            try:
+                outcome = run.result()
+            except ShuttingDown as exc:
+                return error(503, str(exc), "server_error", "shutting_down")
+            except MibyanError as exc:
+                return error(500, str(exc), "server_error", "internal_error")
+            failed = _failure(outcome)
+            if failed is not None:
+                return failed
+            session.append(outcome.session_id)
+        chunk_id = f"chatcmpl-{uuid.uuid4().hex[:12]}"
+
+        async def events() -> AsyncIterator[str]:
+            yield chunk(chunk_id, model, {"role": "assistant", "content": ""})
+            streamed = ""
+            if first.done() and not first.cancelled():
+                streamed = first.result()
+                yield chunk(chunk_id, model, {"content": streamed})
+            while not (run.done() and deltas.empty()):
+                getter = asyncio.ensure_future(deltas.get())
+                await asyncio.wait({getter, run}, return_when=asyncio.FIRST_COMPLETED)
+                if getter.done():
+                    streamed += getter.result()
+                    yield chunk(chunk_id, model, {"content": getter.result()})
+                else:
+                    getter.cancel()
+            try:
+                outcome = run.result()
+            except ShuttingDown as exc:
+                yield _error_event(str(exc), "shutting_down")
+                return
+            except MibyanError as exc:
+                yield _error_event(str(exc), "internal_error")
+                return
+            if outcome.error is not None:
+                yield _error_event(f"the model provider failed: {outcome.error}", "provider_failed")
+                return
+            if outcome.interrupted:
+                yield _error_event("the gateway is shutting down; repeat the request", "shutting_down")
+                return
+            if outcome.text.startswith(streamed) and outcome.text != streamed:
+                yield chunk(chunk_id, model, {"content": outcome.text[len(streamed) :]})
+            yield chunk(chunk_id, model, {}, finish="stop")
+            yield "data: [DONE]\n\n"
+            await self.gateway.delivered(outcome.inbox_id)
+
+        headers = {"Cache-Control": "no-cache", "X-Mibyan-Session": session[0] if session else ""}
+        return StreamingResponse(events(), media_type="text/event-stream", headers=headers)
+
+
+def _error_event(message: str, code: str) -> str:
+    envelope = {"error": {"message": message, "type": "server_error", "code": code}}
+    return f"data: {json.dumps(envelope)}\n\n"
+
+
+def _failure(outcome: Outcome) -> JSONResponse | None:
+    if outcome.error is not None:
+        return error(502, f"the model provider failed: {outcome.error}", "server_error", "provider_failed")
+    if outcome.interrupted:
+        return error(503, "the gateway is shutting down; repeat the request", "server_error", "shutting_down")
+    return None

@@ -1,0 +1,388 @@
+"""The gateway runner: routing, one FIFO per channel, a global limit, and the ledger around each run.
+
+A message is recorded in the ledger, queued on its channel, and run when the channel's previous message
+is done and fewer than `gateway.max_concurrent` runs are going. Each run is a core `AIAgent` in a worker
+thread (the agent is synchronous); the event loop only routes and waits. A repeated message id gets the
+first run's reply (or waits for that run), never a second run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import functools
+import logging
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from agent_state import SessionStore, mask_secrets
+from mibyan.agent.errors import MibyanError
+from mibyan.config.gateway import Connector
+from mibyan.config.loader import AgentSettings
+from mibyan.gateway.agents import AgentInstance, prepare_workspace
+from mibyan.gateway.approvals import ChannelApprovals, PendingApproval, answer_first_text, question_text
+from mibyan.gateway.ledger import InboxEntry, Ledger, Reply
+from mibyan.gateway.streaming import AnswerStream
+from mibyan.gateway.work import Delta, Inbound, Job, Outcome, ShuttingDown, UnknownAgent, channel_key
+
+if TYPE_CHECKING:
+    from run_agent import AIAgent
+
+log = logging.getLogger("mibyan.gateway")
+_T = TypeVar("_T")
+
+
+@dataclass
+class _ChannelQueue:
+    jobs: deque[Job] = field(default_factory=deque)
+    task: asyncio.Task[None] | None = None
+
+
+class Gateway:
+    """The configured agents, their channels and the ledger; connectors hand messages to `submit`.
+
+    Args:
+        settings: the resolved configuration (its `agents:`, `connectors:` and `gateway:` sections).
+        home: the mibyan home whose state.db holds the sessions and the ledger.
+    """
+
+    def __init__(self, settings: AgentSettings, home: Path) -> None:
+        self.settings = settings
+        self.home = home
+        self.agents = {entry.id: AgentInstance(entry, settings, home) for entry in settings.agents}
+        self.store = SessionStore.open(home)
+        self.ledger = Ledger(self.store)
+        limit = settings.gateway.max_concurrent
+        self._pool = ThreadPoolExecutor(limit, thread_name_prefix="mibyan-agent")
+        self._io = ThreadPoolExecutor(1, thread_name_prefix="mibyan-ledger")
+        self._limit = asyncio.Semaphore(limit)
+        self._channels: dict[str, _ChannelQueue] = {}
+        self._waiting: dict[int, asyncio.Future[Outcome]] = {}
+        self._running: set[AIAgent] = set()
+        self._accepting = True
+        self._loop: asyncio.AbstractEventLoop | None = None
+        asking = settings.gateway.approvals == "ask"
+        self.approvals = ChannelApprovals(settings.approvals.timeout) if asking else None
+
+    def default_agent(self) -> AgentInstance | None:
+        for instance in self.agents.values():
+            if instance.entry.default:
+                return instance
+        return next(iter(self.agents.values()), None)
+
+    def route(self, connector: Connector, model: str | None) -> AgentInstance:
+        """The agent a message on `connector` asking for `model` goes to (UnknownAgent if none)."""
+        wanted = connector.agent or model
+        if wanted is None:
+            instance = self.default_agent()
+            if instance is None:
+                raise UnknownAgent("no agent is configured")
+            return instance
+        if connector.agent is not None and model is not None and model != connector.agent:
+            raise UnknownAgent(f"this endpoint serves the agent '{connector.agent}', not '{model}'")
+        if wanted not in self.agents:
+            raise UnknownAgent(f"no agent '{wanted}' (known: {', '.join(sorted(self.agents))})")
+        return self.agents[wanted]
+
+    async def _ledger(self, action: Callable[[], _T]) -> _T:
+        """Ledger I/O off the event loop (SQLite may wait for another writer's lock)."""
+        return await asyncio.get_running_loop().run_in_executor(self._io, action)
+
+    async def resume(self) -> int:
+        """Queue the messages a previous run recorded but did not answer; returns how many."""
+        await self._ledger(self.ledger.forget_finished)
+        pending = await self._ledger(self.ledger.unfinished)
+        for entry in pending:
+            agent_id = entry.channel.split("/", 1)[0]
+            instance = self.agents.get(agent_id)
+            if instance is None:
+                log.warning(
+                    "ledger: message %s is for agent %s, which is no longer configured", entry.id, agent_id
+                )
+                await self._ledger(functools.partial(self.ledger.set_status, entry.id, "failed"))
+                continue
+            if entry.request.get("approval_answer"):  # its question died with the last run
+                await self._ledger(functools.partial(self.ledger.set_status, entry.id, "failed"))
+                continue
+            self._enqueue(entry, entry.request, instance)
+        return len(pending)
+
+    async def undelivered(self) -> list[Reply]:
+        """Replies recorded but not sent before the last stop; older ones are marked stale, not returned."""
+        window = self.settings.gateway.redeliver_within
+        return await self._ledger(lambda: self.ledger.undelivered(window))
+
+    async def submit(
+        self, message: Inbound, *, on_delta: Delta | None = None, on_start: Delta | None = None
+    ) -> Outcome:
+        """Record, queue and run a message (or return the reply a repeat of it already got).
+
+        Args:
+            message: what arrived.
+            on_delta: called (on a worker thread) with each piece of the answer's text, in order.
+            on_start: called (on a worker thread) with the session id when the run begins.
+        """
+        if not self._accepting:
+            raise ShuttingDown("the gateway is shutting down")
+        instance = self.agents[message.agent_id]
+        key = channel_key(message.agent_id, message.connector, message.channel)
+        pending = self.approvals.pending(key) if self.approvals is not None else None
+        request = {
+            "text": message.text,
+            "history": message.history,
+            "one_off": message.channel is None,
+            "approval_answer": pending is not None,
+        }
+        entry, new = await self._ledger(lambda: self.ledger.record_inbound(key, message.message_key, request))
+        if not new:
+            reply = await self._ledger(lambda: self.ledger.reply_for(entry.id))
+            if reply is not None:
+                return Outcome(entry.id, reply.text, reply.session_id, reply.usage)
+            if pending is not None and pending.inbox_id == entry.id:  # the asking message, again
+                return Outcome(
+                    entry.id, question_text(pending.command, pending.reason), pending.session_id, {}
+                )
+            if entry.id in self._waiting:
+                return await asyncio.shield(self._waiting[entry.id])
+        if pending is not None:
+            return await self._answer(entry, key, message.text, pending)
+        outcome = await asyncio.shield(self._enqueue(entry, request, instance, on_delta, on_start))
+        notice = self.approvals.take_notice(key) if self.approvals is not None else None
+        if notice is not None and outcome.error is None and not outcome.interrupted:
+            outcome = dataclasses.replace(outcome, text=f"{notice}\n\n{outcome.text}")
+        return outcome
+
+    async def _answer(self, entry: InboxEntry, key: str, text: str, pending: PendingApproval) -> Outcome:
+        """A message on a channel whose run waits for approval: the answer, or a reminder to give one."""
+        assert self.approvals is not None
+        answered = self.approvals.answer(key, text)
+        if answered is None or answered.result is None:
+            reminder = answer_first_text(pending.command)
+            await self._ledger(lambda: self.ledger.record_reply(entry, reminder, pending.session_id, {}))
+            return Outcome(entry.id, reminder, pending.session_id, {})
+        final: Outcome = await asyncio.shield(answered.result)
+        if final.error is None and not final.interrupted:
+            await self._ledger(
+                lambda: self.ledger.record_reply(entry, final.text, final.session_id, final.usage)
+            )
+            await self.delivered(final.inbox_id)  # the asking message's reply goes out as this one's
+        else:
+            await self._ledger(functools.partial(self.ledger.set_status, entry.id, "failed"))
+        return dataclasses.replace(final, inbox_id=entry.id)
+
+    def _approval_callback(self, job: Job) -> Callable[[str, str], str]:
+        """The run's approval_callback: ask in the channel, wait for its answer (on the run's thread)."""
+        loop, approvals = self._loop, self.approvals
+        assert loop is not None and approvals is not None
+
+        def ask(command: str, reason: str) -> str:
+            pending = PendingApproval(job.entry.id, job.session_id, command, reason)
+            loop.call_soon_threadsafe(self._post_question, job, pending)
+            if pending.decided.wait(approvals.timeout):
+                return "once" if pending.approved else "deny"
+            loop.call_soon_threadsafe(self._expire_question, job, pending)
+            return "deny"
+
+        return ask
+
+    def _post_question(self, job: Job, pending: PendingApproval) -> None:
+        """Event loop: the question is the reply to the asking message; the run's answer goes to whoever
+        answers the question."""
+        assert self.approvals is not None
+        asker = job.future
+        job.future = self._new_future()
+        pending.result = job.future
+        self._waiting[job.entry.id] = job.future
+        self.approvals.ask(job.entry.channel, pending)
+        if not asker.done():
+            asker.set_result(
+                Outcome(job.entry.id, question_text(pending.command, pending.reason), job.session_id, {})
+            )
+
+    def _expire_question(self, job: Job, pending: PendingApproval) -> None:
+        """Event loop: nobody answered in time; once the run ends, the channel's next reply says so."""
+        approvals = self.approvals
+        assert approvals is not None
+        approvals.expire(job.entry.channel, pending)
+
+        def told(done: asyncio.Future[Outcome]) -> None:
+            if not done.cancelled() and done.exception() is None:
+                approvals.note_timeout(job.entry.channel, pending, done.result().text)
+
+        job.future.add_done_callback(told)
+
+    async def delivered(self, inbox_id: int) -> None:
+        """The connector has handed the reply over."""
+        await self._ledger(lambda: self.ledger.mark_sent(inbox_id))
+
+    def _new_future(self) -> asyncio.Future[Outcome]:
+        self._loop = asyncio.get_running_loop()
+        future: asyncio.Future[Outcome] = self._loop.create_future()
+        # a resumed message may have nobody waiting for it: its failure is logged, not left dangling
+        future.add_done_callback(lambda done: done.cancelled() or done.exception())
+        return future
+
+    def _enqueue(
+        self,
+        entry: InboxEntry,
+        request: dict[str, Any],
+        instance: AgentInstance,
+        on_delta: Delta | None = None,
+        on_start: Delta | None = None,
+    ) -> asyncio.Future[Outcome]:
+        future = self._new_future()
+        self._waiting[entry.id] = future
+        queue = self._channels.setdefault(entry.channel, _ChannelQueue())
+        queue.jobs.append(Job(entry, request, instance, future, on_delta, on_start))
+        if queue.task is None:
+            queue.task = asyncio.create_task(self._drain(entry.channel, queue))
+        return future
+
+    async def _drain(self, key: str, queue: _ChannelQueue) -> None:
+        """Run a channel's messages one at a time, in arrival order."""
+        while queue.jobs:
+            job = queue.jobs.popleft()
+            try:
+                if not self._accepting:
+                    raise ShuttingDown("the gateway is shutting down")
+                async with self._limit:
+                    if not self._accepting:
+                        raise ShuttingDown("the gateway is shutting down")
+                    loop = asyncio.get_running_loop()
+                    outcome = await loop.run_in_executor(self._pool, self._run_job, job)
+                _resolve(job, outcome)
+            except Exception as exc:  # the job's failure belongs to whoever waits for it
+                if isinstance(exc, ShuttingDown):
+                    pass  # left pending in the ledger: the next start runs it
+                elif isinstance(exc, MibyanError):
+                    log.warning("message %s on %s failed: %s", job.entry.id, key, exc)
+                else:
+                    log.exception("message %s on %s failed", job.entry.id, key)
+                if not job.future.done():  # a compression after delivery fails after the answer went out
+                    job.future.set_exception(exc)
+            finally:
+                self._waiting.pop(job.entry.id, None)
+        queue.task = None
+        if self._channels.get(key) is queue:
+            del self._channels[key]
+
+    def _run_job(self, job: Job) -> Outcome:
+        """Worker thread: build the channel's AIAgent, run the turn, record the reply."""
+        entry, instance = job.entry, job.agent
+        prepare_workspace(instance.workspace)
+        stream = AnswerStream(job.on_delta)
+        one_off = bool(job.request.get("one_off"))
+        session_id = None if one_off else entry.session_id or self.ledger.channel_session(entry.channel)
+        callbacks = stream.callbacks()
+        if self.approvals is not None:
+            callbacks["approval_callback"] = self._approval_callback(job)
+        agent = instance.build(session_id=session_id, **callbacks)
+        agent.compress_between_turns = False  # after delivery instead: see _compress_after_delivery
+        self._running.add(agent)
+        try:
+            if not one_off:
+                self._open_channel_session(agent, entry, session_id)
+            self.ledger.mark_running(entry.id, agent.session_id, len(agent.history))
+            job.session_id = agent.session_id
+            if job.on_start is not None:
+                job.on_start(agent.session_id)
+            text = str(job.request["text"])
+            history = job.request.get("history")
+            result = agent.run_conversation(text, conversation_history=history if one_off else None)
+            outcome = self._settle(job, result, stream)
+            if outcome.error is None and not outcome.interrupted:
+                self._compress_after_delivery(job, agent, outcome)
+            return outcome
+        finally:
+            self._running.discard(agent)
+            agent.close()
+
+    def _compress_after_delivery(self, job: Job, agent: AIAgent, outcome: Outcome) -> None:
+        """Hand the answer over, then compress the session if it is past the gateway threshold.
+
+        The channel's next message still waits: it must see the compressed session.
+        """
+        loop = self._loop
+        assert loop is not None
+        loop.call_soon_threadsafe(_resolve, job, outcome)
+        try:
+            compressed = agent.compress_if_needed()
+        except MibyanError as exc:  # the answer is out and the history intact: the next turn tries again
+            log.warning("compressing %s after delivery failed: %s", job.entry.channel, exc)
+            return
+        if compressed and not job.request.get("one_off"):
+            self.ledger.tag_session(agent.session_id, job.entry.channel)
+
+    def _settle(self, job: Job, result: dict[str, Any], stream: AnswerStream) -> Outcome:
+        """Record what the run came to: the reply (before it is sent), or the failure."""
+        entry = job.entry
+        one_off = bool(job.request.get("one_off"))
+        session = str(result["session_id"])
+        if not one_off:
+            self.ledger.tag_session(session, entry.channel)
+        if result["interrupted"]:
+            return Outcome(entry.id, "", session, result["usage"], interrupted=True)
+        if result["exit_reason"] == "error":
+            log.warning("message %s on %s failed: %s", entry.id, entry.channel, result["error"])
+            self.ledger.set_status(entry.id, "failed")
+            return Outcome(entry.id, "", session, result["usage"], error=mask_secrets(str(result["error"])))
+        final = str(result["final_response"] or "")
+        stream.finish(final)
+        reply = self.ledger.record_reply(entry, final, session, result["usage"])
+        return Outcome(entry.id, reply.text, session, reply.usage)
+
+    def _open_channel_session(self, agent: AIAgent, entry: InboxEntry, session_id: str | None) -> None:
+        """A new channel gets its session row (source gateway, the channel's key); a cut-off turn is undone.
+
+        A run cut off by a crash or a stop, or one that failed and is asked again under its message id,
+        left its user message (and perhaps tool calls) in the session: that turn is taken back, through
+        the history's own undo, so the rerun does not say it twice.
+        """
+        if session_id is None or self.store.get_session(agent.session_id) is None:
+            runtime = agent.runtime
+            self.store.create_session(
+                agent.session_id,
+                source="gateway",
+                channel=entry.channel,
+                title=entry.channel,
+                model=runtime.model,
+                provider=runtime.provider,
+                api_mode=runtime.api_mode,
+                cwd=str(Path.cwd()),
+            )
+            agent.reload_prompt()
+            return
+        started = entry.history_length
+        if entry.status in ("running", "failed") and started is not None and len(agent.history) > started:
+            first = agent.history[started]
+            if first.get("role") == "user" and first.get("content") == entry.request["text"]:
+                agent.undo_last_turn()
+
+    async def drain(self) -> None:
+        """Take no new work; let running turns finish within shutdown_grace, then interrupt them."""
+        self._accepting = False
+        if self.approvals is not None:
+            self.approvals.deny_all()  # a run waiting for an answer would hold the stop up
+        running = [f for f in self._waiting.values() if not f.done()]
+        if running:
+            _, late = await asyncio.wait(running, timeout=self.settings.gateway.shutdown_grace)
+            if late:
+                for agent in list(self._running):
+                    agent.interrupt()
+                await asyncio.wait(late)
+
+    def close(self) -> None:
+        """Release the worker threads and the store (after `drain` and the connectors' stop)."""
+        self._pool.shutdown(wait=True)
+        self._io.shutdown(wait=True)
+        self.store.close()
+
+
+def _resolve(job: Job, outcome: Outcome) -> None:
+    """Event loop: give whoever waits for the job its outcome (once: it may have had it already)."""
+    if not job.future.done():
+        job.future.set_result(outcome)

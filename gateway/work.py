@@ -1,0 +1,77 @@
+"""What moves through the gateway: a message as a connector hands it over, the job that runs it, and
+what the run came to."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from mibyan.agent.errors import MibyanError
+from mibyan.gateway.ledger import InboxEntry
+
+if TYPE_CHECKING:
+    from mibyan.gateway.agents import AgentInstance
+
+Delta = Callable[[str], None]
+
+
+class UnknownAgent(MibyanError):
+    """A message names an agent the connector does not serve."""
+
+
+class ShuttingDown(MibyanError):
+    """The gateway is stopping and takes no new work."""
+
+
+@dataclass(frozen=True)
+class Inbound:
+    """One message as a connector hands it over.
+
+    Attributes:
+        agent_id: the agent it is routed to.
+        connector: the connector's name.
+        channel: the channel's id on that connector; None for a one-off conversation.
+        text: the new user message.
+        history: for a one-off conversation, the messages before `text`.
+        message_key: the connector's message id or the `Idempotency-Key`, when there is one.
+    """
+
+    agent_id: str
+    connector: str
+    channel: str | None
+    text: str
+    history: list[dict[str, Any]] | None = None
+    message_key: str | None = None
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a run came to: the answer (or the failure) and the session it is in."""
+
+    inbox_id: int
+    text: str
+    session_id: str
+    usage: dict[str, int]
+    error: str | None = None
+    interrupted: bool = False
+
+
+@dataclass
+class Job:
+    """One message to run. `request` is what arrived; the ledger's copy has secrets masked, so only a
+    message resumed after a restart runs from it."""
+
+    entry: InboxEntry
+    request: dict[str, Any]
+    agent: AgentInstance
+    future: asyncio.Future[Outcome]
+    on_delta: Delta | None = None
+    on_start: Delta | None = None
+    session_id: str = ""
+
+
+def channel_key(agent_id: str, connector: str, channel: str | None) -> str:
+    """`<agent_id>/<connector>/<channel_id>`; a one-off conversation has no channel part."""
+    return f"{agent_id}/{connector}/{channel}" if channel is not None else f"{agent_id}/{connector}"

@@ -1,0 +1,578 @@
+"""`mibyan gateway` from outside: a real gateway process, the openai SDK as its client, scripted models."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+import yaml
+from conftest import run_cli
+from gatewaying import TOKEN, RunningGateway, write_config
+from loopback import Reply, ScriptedServer
+
+from agent_state import SessionStore
+from mibyan.agent.messages import repair_history
+
+MEEPA = {"id": "meepa", "default": True, "provider": "local", "model": "meepa-model"}
+
+
+@pytest.fixture
+def gateway(server: ScriptedServer, home: Path) -> Iterator[RunningGateway]:
+    write_config(home, {"local": server.base_url}, [MEEPA], gateway={"max_concurrent": 32})
+    with RunningGateway(home) as running:
+        yield running
+
+
+def ask(gateway: RunningGateway, text: str, *, channel: str | None = None, key: str | None = None) -> Any:
+    headers = {}
+    if channel is not None:
+        headers["X-Mibyan-Channel"] = channel
+    if key is not None:
+        headers["Idempotency-Key"] = key
+    return gateway.client().chat.completions.with_raw_response.create(
+        model="meepa", messages=[{"role": "user", "content": text}], extra_headers=headers
+    )
+
+
+def user_texts(body: dict[str, Any]) -> list[str]:
+    return [m["content"] for m in body["messages"] if m["role"] == "user"]
+
+
+def sessions(home: Path) -> list[dict[str, Any]]:
+    store = SessionStore.open(home)
+    try:
+        return [row for row in store.list_sessions() if row["source"] == "gateway"]
+    finally:
+        store.close()
+
+
+def recorded_messages(home: Path) -> int:
+    """How many messages the gateway has accepted (each is in the ledger before it is acknowledged)."""
+    store = SessionStore.open(home)
+    try:
+        return int(store.query("SELECT count(*) FROM gateway_inbox")[0][0])
+    finally:
+        store.close()
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = 30) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def test_each_agent_reaches_its_own_model_with_its_own_persona(home: Path) -> None:
+    with ScriptedServer() as first, ScriptedServer() as second:
+        first.add(Reply(text="from meepa"))
+        second.add(Reply(text="from bob"))
+        agents = [MEEPA, {"id": "bob", "provider": "other", "model": "bob-model"}]
+        write_config(home, {"local": first.base_url, "other": second.base_url}, agents)
+        for agent_id, soul in (("meepa", "You are Meepa, who loves maps."), ("bob", "You are Bob, a baker.")):
+            (home / "agents" / agent_id).mkdir(parents=True)
+            (home / "agents" / agent_id / "SOUL.md").write_text(soul)
+        (home / "agents" / "meepa" / "MEMORY.md").write_text(
+            "Meepa's secret note: the map is in the attic.\n"
+        )
+        with RunningGateway(home) as gateway:
+            client = gateway.client()
+            meepa = client.chat.completions.create(
+                model="meepa", messages=[{"role": "user", "content": "hi"}]
+            )
+            bob = client.chat.completions.create(model="bob", messages=[{"role": "user", "content": "hi"}])
+
+    assert (meepa.choices[0].message.content, bob.choices[0].message.content) == ("from meepa", "from bob")
+    [to_meepa], [to_bob] = first.requests, second.requests
+    assert to_meepa.body["model"] == "meepa-model" and to_bob.body["model"] == "bob-model"
+    meepa_prompt, bob_prompt = (r.body["messages"][0]["content"] for r in (to_meepa, to_bob))
+    assert "Meepa, who loves maps" in meepa_prompt and "the map is in the attic" in meepa_prompt
+    assert "Bob, a baker" in bob_prompt
+    assert "Meepa" not in bob_prompt and "attic" not in bob_prompt
+
+
+def test_an_agents_skills_are_its_own(server: ScriptedServer, home: Path) -> None:
+    skill = home / "agents" / "meepa" / "skills" / "maps" / "SKILL.md"
+    skill.parent.mkdir(parents=True)
+    skill.write_text(
+        "---\nname: maps\ndescription: Reading sea charts\ntriggers: [chart]\n---\nUse the grid.\n"
+    )
+    write_config(home, {"local": server.base_url}, [MEEPA, {"id": "bob", "provider": "local"}])
+    with RunningGateway(home) as gateway:
+        for agent_id in ("meepa", "bob"):
+            gateway.client().chat.completions.create(
+                model=agent_id, messages=[{"role": "user", "content": "read this chart"}]
+            )
+
+    to_meepa, to_bob = (json.dumps(r.body) for r in server.requests)
+    assert "Use the grid." in to_meepa and "Reading sea charts" in to_meepa
+    assert "grid" not in to_bob and "sea charts" not in to_bob
+
+
+def test_a_fact_one_agent_remembers_is_never_offered_to_another(home: Path) -> None:
+    with ScriptedServer() as server:
+        remember = {"action": "remember", "content": "The harbour vault code is 4471."}
+        server.add(Reply(tool_calls=[("memory", remember)]), Reply(text="noted"))
+        server.default = lambda body: Reply(text="answer")
+        agents = [MEEPA, {"id": "bob", "provider": "local", "model": "bob-model"}]
+        write_config(home, {"local": server.base_url}, agents)
+        with RunningGateway(home) as gateway:
+            client = gateway.client()
+            for agent_id in ("meepa", "bob", "meepa"):
+                text = (
+                    "remember the vault" if len(server.requests) == 0 else "what is the harbour vault code?"
+                )
+                client.chat.completions.create(model=agent_id, messages=[{"role": "user", "content": text}])
+
+    to_bob, to_meepa = (json.dumps(r.body) for r in server.requests[2:])
+    assert "4471" not in to_bob
+    assert "4471" in to_meepa
+
+
+def test_an_agent_sees_only_the_tools_its_entry_allows(server: ScriptedServer, home: Path) -> None:
+    agents = [
+        {**MEEPA, "tools": {"allow": ["read_file", "list_directory"]}},
+        {"id": "bob", "provider": "local", "tools": {"deny": ["terminal"]}},
+    ]
+    write_config(home, {"local": server.base_url}, agents)
+    with RunningGateway(home) as gateway:
+        for agent_id in ("meepa", "bob"):
+            gateway.client().chat.completions.create(
+                model=agent_id, messages=[{"role": "user", "content": "hi"}]
+            )
+
+    meepa_tools, bob_tools = ({t["function"]["name"] for t in r.body["tools"]} for r in server.requests)
+    assert meepa_tools == {"read_file", "list_directory"}
+    assert "terminal" not in bob_tools and "read_file" in bob_tools
+    # other channels' conversations and the home's memory are out of reach
+    assert not {"session_search", "delegate_task"} & bob_tools
+
+
+def test_an_agents_max_tool_failures_decides_when_the_model_is_told_to_change_course(
+    server: ScriptedServer, home: Path
+) -> None:
+    for _ in range(2):
+        server.add(Reply(tool_calls=[("read_file", {"path": "no-such-file.txt"})]), Reply(text="gave up"))
+    write_config(
+        home,
+        {"local": server.base_url},
+        [{**MEEPA, "max_tool_failures": 1}, {"id": "bob", "provider": "local"}],
+    )
+    with RunningGateway(home) as gateway:
+        for agent_id in ("meepa", "bob"):
+            gateway.client().chat.completions.create(
+                model=agent_id, messages=[{"role": "user", "content": "read it"}]
+            )
+
+    after_meepa, after_bob = (server.requests[i].body["messages"][-1]["content"] for i in (1, 3))
+    assert "has failed 1 times in a row" in after_meepa
+    assert "in a row" not in after_bob
+
+
+def test_an_agents_prompt_has_its_generated_agents_md_not_the_start_folders(
+    server: ScriptedServer, home: Path
+) -> None:
+    Path("AGENTS.md").write_text("Context of the folder the gateway was started in.")
+    write_config(
+        home, {"local": server.base_url}, [{**MEEPA, "name": "Meepa", "tools": {"allow": ["read_file"]}}]
+    )
+    with RunningGateway(home) as gateway:
+        gateway.client().chat.completions.create(model="meepa", messages=[{"role": "user", "content": "hi"}])
+
+    prompt = server.requests[0].body["messages"][0]["content"]
+    assert "# Project context (AGENTS.md)\n\n# Meepa" in prompt
+    assert "- read_file:" in prompt and "- terminal:" not in prompt
+    assert "started in" not in prompt
+    assert ((home / "agents" / "meepa" / "AGENTS.md").stat().st_mode & 0o777) == 0o600
+
+
+def test_interleaved_channels_keep_their_own_histories(
+    gateway: RunningGateway, server: ScriptedServer
+) -> None:
+    server.default = lambda body: Reply(text=f"reply to {user_texts(body)[-1]}")
+    for channel, text in (("alice", "a1"), ("bob", "b1"), ("alice", "a2"), ("bob", "b2"), ("alice", "a3")):
+        ask(gateway, text, channel=channel)
+
+    alice_last, bob_last = server.requests[4].body, server.requests[3].body
+    assert user_texts(alice_last) == ["a1", "a2", "a3"]
+    assert user_texts(bob_last) == ["b1", "b2"]
+    history = alice_last["messages"][1:]
+    assert repair_history(history)[1] == []
+    assert [m["content"] for m in history] == ["a1", "reply to a1", "a2", "reply to a2", "a3"]
+    stored = sessions(gateway.home)
+    assert sorted(row["channel"] for row in stored) == ["meepa/api/alice", "meepa/api/bob"]
+
+
+def test_a_channel_is_a_stored_session_the_sessions_command_shows(
+    gateway: RunningGateway, server: ScriptedServer
+) -> None:
+    server.add(Reply(text="the tide turns at noon"))
+    raw = ask(gateway, "when does the tide turn?", channel="carol")
+    session_id = raw.headers["X-Mibyan-Session"]
+
+    listed = run_cli("sessions", "list", "--json", home=gateway.home)
+    shown = run_cli("sessions", "show", session_id, "--json", home=gateway.home)
+
+    [row] = [r for r in json.loads(listed.stdout) if r["id"] == session_id]
+    assert row["source"] == "gateway" and row["channel"] == "meepa/api/carol"
+    assert [m["content"] for m in json.loads(shown.stdout)["messages"]] == [
+        "when does the tide turn?",
+        "the tide turns at noon",
+    ]
+
+
+def test_two_messages_at_once_on_one_channel_run_one_after_the_other(
+    gateway: RunningGateway, server: ScriptedServer
+) -> None:
+    both_in = threading.Event()
+
+    def reply(body: dict[str, Any]) -> Reply:
+        if len(server.requests) == 1:
+            both_in.wait(30)  # hold the first answer until the gateway has the second message too
+        return Reply(text=f"reply to {user_texts(body)[-1]}")
+
+    server.default = reply
+    with ThreadPoolExecutor(2) as pool:
+        first = pool.submit(ask, gateway, "first", channel="dave")
+        assert server.wait_for_requests(1)
+        second = pool.submit(ask, gateway, "second", channel="dave")
+        assert wait_until(lambda: recorded_messages(gateway.home) == 2)
+        assert len(server.requests) == 1  # the second waits for the first, though the gateway has it
+        both_in.set()
+        first.result(), second.result()
+
+    assert len(server.requests) == 2
+    assert user_texts(server.requests[1].body) == ["first", "second"]
+    assert server.requests[1].body["messages"][2]["content"] == "reply to first"
+
+
+def test_twenty_channels_run_at_the_same_time(gateway: RunningGateway, server: ScriptedServer) -> None:
+    all_in_flight: list[bool] = []
+
+    def reply(body: dict[str, Any]) -> Reply:
+        # No reply leaves before all twenty requests are at the model: only concurrent runs get there.
+        all_in_flight.append(server.wait_for_requests(20, timeout=30))
+        return Reply(text="ok", delay=0.2)
+
+    server.default = reply
+    with ThreadPoolExecutor(20) as pool:
+        answers = list(pool.map(lambda n: ask(gateway, "hello", channel=f"user{n}"), range(20)))
+
+    assert [a.parse().choices[0].message.content for a in answers] == ["ok"] * 20
+    assert all_in_flight == [True] * 20
+
+
+def test_max_concurrent_caps_the_runs_in_flight(server: ScriptedServer, home: Path) -> None:
+    write_config(home, {"local": server.base_url}, [MEEPA], gateway={"max_concurrent": 2})
+    release = threading.Event()
+
+    def reply(body: dict[str, Any]) -> Reply:
+        release.wait(30)
+        return Reply(text="ok")
+
+    server.default = reply
+    with RunningGateway(home) as gateway, ThreadPoolExecutor(5) as pool:
+        answers = [pool.submit(ask, gateway, "hi", channel=f"c{n}") for n in range(5)]
+        assert wait_until(lambda: recorded_messages(home) == 5)
+        assert server.wait_for_requests(2)
+        # a negative can only be observed for a while: a third run would reach the model well within 2 s
+        third_got_through = server.wait_for_requests(3, timeout=2)
+        release.set()
+        [answer.result() for answer in answers]
+
+    assert not third_got_through
+    assert len(server.requests) == 5
+
+
+def test_a_repeated_idempotency_key_runs_once(gateway: RunningGateway, server: ScriptedServer) -> None:
+    server.add(Reply(text="only once"), Reply(text="a second run"))
+
+    first = ask(gateway, "charge my card", channel="erin", key="order-17")
+    again = ask(gateway, "charge my card", channel="erin", key="order-17")
+
+    assert len(server.requests) == 1
+    assert again.parse().choices[0].message.content == "only once"
+    assert again.headers["X-Mibyan-Session"] == first.headers["X-Mibyan-Session"]
+    store = SessionStore.open(gateway.home)
+    assert [m["content"] for m in store.load_messages(first.headers["X-Mibyan-Session"])] == [
+        "charge my card",
+        "only once",
+    ]
+
+
+def test_a_run_killed_mid_turn_is_answered_after_restart_without_a_second_user_message(
+    server: ScriptedServer, home: Path
+) -> None:
+    write_config(home, {"local": server.base_url}, [MEEPA])
+    server.add(Reply(text="never sent", delay=60), Reply(text="the answer"))
+    gateway = RunningGateway(home)
+    with ThreadPoolExecutor(1) as pool:
+        lost = pool.submit(ask, gateway, "what is 6 x 7?", channel="frank", key="m-1")
+        assert server.wait_for_requests(1)
+        gateway.kill()
+        with pytest.raises(openai.APIConnectionError):
+            lost.result()
+
+    with RunningGateway(home) as restarted:
+        retried = ask(restarted, "what is 6 x 7?", channel="frank", key="m-1")
+
+    assert retried.parse().choices[0].message.content == "the answer"
+    assert len(server.requests) == 2  # the cut-off run and its resumption; the retry ran nothing
+    assert user_texts(server.requests[1].body) == ["what is 6 x 7?"]
+    stored = SessionStore.open(home).load_messages(retried.headers["X-Mibyan-Session"])
+    assert repair_history(stored)[1] == []
+    assert [m["role"] for m in stored] == ["user", "assistant"]
+    assert stored[-1]["content"] == "the answer"
+
+
+def test_sigterm_when_idle_exits_0(gateway: RunningGateway) -> None:
+    assert gateway.terminate() == 0
+    assert "Traceback" not in "".join(gateway.lines)
+
+
+def test_sigterm_lets_a_running_turn_finish(gateway: RunningGateway, server: ScriptedServer) -> None:
+    server.add(Reply(text="finished in time", delay=1))
+    with ThreadPoolExecutor(1) as pool:
+        answer = pool.submit(ask, gateway, "slow question", channel="gina")
+        assert server.wait_for_requests(1)
+        gateway.process.send_signal(15)
+        assert answer.result().parse().choices[0].message.content == "finished in time"
+    assert gateway.process.wait(timeout=30) == 0
+
+
+def test_streaming_yields_the_text_of_the_plain_reply(
+    gateway: RunningGateway, server: ScriptedServer
+) -> None:
+    for _ in range(2):  # the words before a tool call are not part of the answer
+        server.add(
+            Reply(text="Let me look first.", tool_calls=[("todo", {"todos": []})]),
+            Reply(text="The harbour opens at six, and closes at ten.", chunks=5),
+        )
+    plain = ask(gateway, "when does the harbour open?", channel="plain").parse().choices[0].message.content
+    stream = gateway.client().chat.completions.create(
+        model="meepa",
+        messages=[{"role": "user", "content": "when does the harbour open?"}],
+        stream=True,
+        extra_headers={"X-Mibyan-Channel": "streamed"},
+    )
+    chunks = list(stream)
+
+    pieces = [c.choices[0].delta.content or "" for c in chunks if c.choices]
+    assert "".join(pieces) == plain == "The harbour opens at six, and closes at ten."
+    assert len([p for p in pieces if p]) > 1
+    assert chunks[-1].choices[0].finish_reason == "stop"
+
+
+def test_without_a_channel_the_messages_are_the_whole_conversation(
+    gateway: RunningGateway, server: ScriptedServer
+) -> None:
+    server.add(Reply(text="blue"), Reply(text="green"))
+    client = gateway.client()
+    history = [
+        {"role": "user", "content": "my colour is blue"},
+        {"role": "assistant", "content": "noted"},
+        {"role": "user", "content": "what is my colour?"},
+    ]
+    client.chat.completions.create(model="meepa", messages=history)
+    client.chat.completions.create(model="meepa", messages=[{"role": "user", "content": "and now?"}])
+
+    assert user_texts(server.requests[0].body) == ["my colour is blue", "what is my colour?"]
+    assert user_texts(server.requests[1].body) == ["and now?"]
+
+
+def _post(url: str, data: bytes, token: str | None = TOKEN) -> tuple[int, dict[str, Any]]:
+    headers = {"Content-Type": "application/json"}
+    if token is not None:
+        headers["Authorization"] = f"Bearer {token}"
+    request = urllib.request.Request(url, data=data, headers=headers, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+@pytest.mark.parametrize(
+    ("token", "body", "status", "code"),
+    [
+        (None, {"model": "meepa", "messages": [{"role": "user", "content": "hi"}]}, 401, "invalid_api_key"),
+        (
+            "wrong",
+            {"model": "meepa", "messages": [{"role": "user", "content": "hi"}]},
+            401,
+            "invalid_api_key",
+        ),
+        (TOKEN, {"model": "nobody", "messages": [{"role": "user", "content": "hi"}]}, 404, "model_not_found"),
+        (TOKEN, {"model": "meepa", "messages": []}, 400, "bad_request"),
+        (TOKEN, {"model": "meepa", "messages": [{"role": "assistant", "content": "x"}]}, 400, "bad_request"),
+        (
+            TOKEN,
+            {"model": "meepa", "user": "a\x1b[2J", "messages": [{"role": "user", "content": "x"}]},
+            400,
+            "bad_request",
+        ),
+    ],
+)
+def test_errors_come_in_openais_envelope(
+    gateway: RunningGateway, token: str | None, body: dict[str, Any], status: int, code: str
+) -> None:
+    got, payload = _post(f"{gateway.url}/chat/completions", json.dumps(body).encode(), token)
+
+    assert got == status
+    assert payload["error"]["code"] == code
+    assert set(payload["error"]) == {"message", "type", "code"}
+
+
+def test_a_body_too_large_is_refused_before_it_is_read(gateway: RunningGateway) -> None:
+    address = urllib.parse.urlsplit(gateway.url)
+    connection = http.client.HTTPConnection(address.hostname, address.port, timeout=30)
+    connection.putrequest("POST", "/v1/chat/completions")
+    connection.putheader("Authorization", f"Bearer {TOKEN}")
+    connection.putheader("Content-Length", str(9 * 1024 * 1024))
+    connection.endheaders()  # and not a byte of the body
+
+    response = connection.getresponse()
+
+    assert (response.status, json.loads(response.read())["error"]["code"]) == (400, "bad_request")
+
+
+def test_a_body_that_is_not_json_is_400(gateway: RunningGateway) -> None:
+    status, payload = _post(f"{gateway.url}/chat/completions", b"{not json")
+    assert (status, payload["error"]["type"]) == (400, "invalid_request_error")
+
+
+def test_a_failing_provider_is_502(gateway: RunningGateway, server: ScriptedServer) -> None:
+    server.add(Reply(status=500, error_body={"error": {"message": "the model is down"}}))
+    with pytest.raises(openai.APIStatusError) as failure:
+        ask(gateway, "hello", channel="hank")
+    assert failure.value.status_code == 502
+    assert failure.value.body["code"] == "provider_failed"  # type: ignore[index]
+
+
+def test_the_log_masks_keys(gateway: RunningGateway, server: ScriptedServer) -> None:
+    key = "sk-" + "q7w8e9r0" * 4
+    server.add(Reply(status=500, error_body={"error": {"message": f"bad key {key}"}}))
+    with pytest.raises(openai.APIStatusError) as failure:
+        ask(gateway, "hello", channel="kim")
+    assert gateway.terminate() == 0
+
+    assert "q7w8e9r0q7w8" not in failure.value.response.text
+
+    log = gateway.home / "logs" / "gateway.log"
+    assert (log.stat().st_mode & 0o777) == 0o600
+    text = log.read_text()
+    assert "failed" in text and "sk-q7w…[masked]" in text
+    assert "q7w8e9r0q7w8" not in text
+
+
+def test_health_is_open_and_models_need_the_token(gateway: RunningGateway) -> None:
+    root = gateway.url.removesuffix("/v1")
+    with urllib.request.urlopen(f"{root}/health", timeout=30) as response:
+        assert response.status == 200
+    assert [m.id for m in gateway.client().models.list()] == ["meepa"]
+    with pytest.raises(openai.AuthenticationError):
+        gateway.client(api_key="wrong").models.list()
+
+
+def test_a_host_other_machines_reach_needs_a_token(server: ScriptedServer, home: Path) -> None:
+    connectors = [{"name": "api", "kind": "http", "host": "0.0.0.0", "port": 0}]
+    write_config(home, {"local": server.base_url}, [MEEPA], connectors=connectors)
+
+    done = run_cli("gateway", home=home, env={"MIBYAN_GATEWAY_TOKEN": ""})
+
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1 and "MIBYAN_GATEWAY_TOKEN" in done.stderr
+    assert "0.0.0.0" in done.stderr
+
+
+def test_a_streamed_reply_names_its_session(gateway: RunningGateway, server: ScriptedServer) -> None:
+    server.add(Reply(text="first"), Reply(text="second"))
+    plain = ask(gateway, "one", channel="ivy")
+    raw = gateway.client().chat.completions.with_raw_response.create(
+        model="meepa",
+        messages=[{"role": "user", "content": "two"}],
+        stream=True,
+        extra_headers={"X-Mibyan-Channel": "ivy"},
+    )
+
+    assert "".join(c.choices[0].delta.content or "" for c in raw.parse() if c.choices) == "second"
+    assert raw.headers["X-Mibyan-Session"] == plain.headers["X-Mibyan-Session"]
+
+
+def test_a_stream_whose_provider_fails_is_502(gateway: RunningGateway, server: ScriptedServer) -> None:
+    server.add(Reply(status=500, error_body={"error": {"message": "the model is down"}}))
+    with pytest.raises(openai.APIStatusError) as failure:
+        gateway.client().chat.completions.create(
+            model="meepa", messages=[{"role": "user", "content": "hi"}], stream=True
+        )
+    assert failure.value.status_code == 502
+
+
+def test_a_turn_still_running_after_the_grace_is_interrupted_and_answered_after_restart(
+    server: ScriptedServer, home: Path
+) -> None:
+    write_config(home, {"local": server.base_url}, [MEEPA], gateway={"shutdown_grace": 0})
+    server.add(Reply(text="too slow", delay=60), Reply(text="answered after the restart"))
+    gateway = RunningGateway(home)
+    with ThreadPoolExecutor(1) as pool:
+        cut = pool.submit(ask, gateway, "a long question", channel="jack", key="m-9")
+        assert server.wait_for_requests(1)
+        assert gateway.terminate() == 0
+        with pytest.raises(openai.APIStatusError) as refused:
+            cut.result()
+    assert refused.value.status_code == 503
+
+    with RunningGateway(home) as restarted:
+        retried = ask(restarted, "a long question", channel="jack", key="m-9")
+
+    assert retried.parse().choices[0].message.content == "answered after the restart"
+    stored = SessionStore.open(home).load_messages(retried.headers["X-Mibyan-Session"])
+    assert [(m["role"], m["content"]) for m in stored] == [
+        ("user", "a long question"),
+        ("assistant", "answered after the restart"),
+    ]
+
+
+def test_a_long_session_is_compressed_after_its_answer_is_delivered(
+    server: ScriptedServer, home: Path
+) -> None:
+    write_config(home, {"local": server.base_url}, [{**MEEPA, "tools": {"allow": ["todo"]}}])
+    config = yaml.safe_load((home / "config.yaml").read_text())
+    # requests never need compressing before they are sent (threshold 0.9), but every session past 1 % of
+    # the window is compressed between turns, down to what a summary aims for (0.54 of it)
+    config["model"]["context_window"] = 3000
+    config["compression"] = {"threshold": 0.9, "gateway_threshold": 0.01, "protect_last_n": 2}
+    (home / "config.yaml").write_text(yaml.safe_dump(config))
+    delivered = threading.Event()
+    summarized_after_delivery: list[bool] = []
+
+    def reply(body: dict[str, Any]) -> Reply:
+        if "You compress the middle of a conversation" in json.dumps(body["messages"][:1]):
+            summarized_after_delivery.append(delivered.wait(30))
+            return Reply(text="## Goal\nChat about tides.\n## Current state\nThe user asked three times.\n")
+        return Reply(text="the tide " + "y" * 1500)
+
+    server.default = reply
+    with RunningGateway(home) as gateway:
+        for text in ("first", "second", "third"):
+            delivered.clear()
+            answer = ask(gateway, f"{text} {'x' * 1500}", channel="nina").parse().choices[0].message.content
+            assert answer.startswith("the tide")
+            delivered.set()
+        ask(gateway, "fourth", channel="nina")
+
+    assert summarized_after_delivery and all(summarized_after_delivery)
+    last = json.dumps(server.requests[-1].body["messages"])
+    assert "Chat about tides." in last and "fourth" in last

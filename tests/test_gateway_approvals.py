@@ -1,0 +1,130 @@
+"""`gateway.approvals: ask` over HTTP: the question is the reply, the channel's next message answers."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from gatewaying import RunningGateway, write_config
+from loopback import Reply, ScriptedServer
+from test_gateway import MEEPA, ask, user_texts
+
+from agent_state import SessionStore
+
+CLEAN = Reply(tool_calls=[("terminal", {"command": "rm -rf build"})])
+
+
+@pytest.fixture
+def build(tmp_path: Path) -> Path:
+    folder = tmp_path / "build"  # the gateway runs in tmp_path: its commands' working directory
+    folder.mkdir()
+    (folder / "out.o").write_text("object code")
+    return folder
+
+
+def start(server: ScriptedServer, home: Path, timeout: float = 60) -> RunningGateway:
+    write_config(home, {"local": server.base_url}, [MEEPA], gateway={"approvals": "ask"})
+    config = home / "config.yaml"
+    config.write_text(config.read_text() + f"approvals:\n  timeout: {timeout}\n")
+    return RunningGateway(home)
+
+
+@pytest.fixture
+def gateway(server: ScriptedServer, home: Path) -> Iterator[RunningGateway]:
+    with start(server, home) as running:
+        yield running
+
+
+def text(raw: object) -> str:
+    return str(raw.parse().choices[0].message.content)  # type: ignore[attr-defined]
+
+
+def test_the_question_is_the_reply_and_approve_lets_the_command_run(
+    gateway: RunningGateway, server: ScriptedServer, build: Path
+) -> None:
+    server.add(CLEAN, Reply(text="The build folder is gone."))
+
+    question = text(ask(gateway, "clean the build folder", channel="lee"))
+    assert build.exists() and "rm -rf build" in question and "/approve" in question
+
+    answered = ask(gateway, "/approve", channel="lee")
+
+    assert text(answered) == "The build folder is gone."
+    assert not build.exists()
+    stored = SessionStore.open(gateway.home).load_messages(answered.headers["X-Mibyan-Session"])
+    assert [m["role"] for m in stored] == ["user", "assistant", "tool", "assistant"]
+    assert user_texts({"messages": stored}) == ["clean the build folder"]
+
+
+def test_deny_refuses_the_command(gateway: RunningGateway, server: ScriptedServer, build: Path) -> None:
+    server.add(CLEAN, Reply(text="I left it alone."))
+    ask(gateway, "clean the build folder", channel="lee")
+
+    answered = text(ask(gateway, "/deny", channel="lee"))
+
+    assert answered == "I left it alone."
+    assert build.exists()
+    tool_result = server.requests[1].body["messages"][-1]
+    assert tool_result["role"] == "tool" and "denied" in tool_result["content"]
+
+
+def test_another_message_meanwhile_is_told_to_answer_first(
+    gateway: RunningGateway, server: ScriptedServer, build: Path
+) -> None:
+    server.add(CLEAN, Reply(text="hello, other"), Reply(text="done"))
+    ask(gateway, "clean the build folder", channel="lee")
+
+    reminder = text(ask(gateway, "what is the weather?", channel="lee"))
+    elsewhere = text(ask(gateway, "hello", channel="other"))  # other channels are not held up
+
+    assert reminder.startswith("Answer /approve or /deny first") and "rm -rf build" in reminder
+    assert elsewhere == "hello, other"
+    assert text(ask(gateway, "/approve", channel="lee")) == "done"
+    assert [user_texts(r.body)[-1] for r in server.requests] == [
+        "clean the build folder",
+        "hello",
+        "clean the build folder",
+    ]
+
+
+def test_no_answer_in_time_denies_and_the_next_reply_says_so(
+    server: ScriptedServer, home: Path, build: Path
+) -> None:
+    server.add(CLEAN, Reply(text="I could not clean it."), Reply(text="Hello!"))
+    with start(server, home, timeout=1) as gateway:
+        ask(gateway, "clean the build folder", channel="lee")
+        assert server.wait_for_requests(2)  # the run went on without the command
+
+        later = text(ask(gateway, "hello", channel="lee"))
+
+    assert build.exists()
+    assert later.startswith("Nobody approved `rm -rf build` within 1 s, so it did not run.")
+    assert "I could not clean it." in later and later.endswith("Hello!")
+
+
+def test_by_default_a_dangerous_command_is_refused_with_a_result_saying_so(
+    server: ScriptedServer, home: Path, build: Path
+) -> None:
+    write_config(home, {"local": server.base_url}, [MEEPA])
+    server.add(CLEAN, Reply(text="I was not allowed to."))
+    with RunningGateway(home) as gateway:
+        answer = text(ask(gateway, "clean the build folder", channel="lee"))
+
+    assert answer == "I was not allowed to."
+    assert build.exists()
+    tool_result = server.requests[1].body["messages"][-1]
+    assert tool_result["role"] == "tool" and "not run" in tool_result["content"]
+
+
+def test_repeating_the_asking_request_gets_the_question_again(
+    gateway: RunningGateway, server: ScriptedServer, build: Path
+) -> None:
+    server.add(CLEAN, Reply(text="gone"))
+    first = text(ask(gateway, "clean the build folder", channel="lee", key="m-1"))
+
+    again = text(ask(gateway, "clean the build folder", channel="lee", key="m-1"))
+
+    assert again == first and "/approve" in again
+    assert len(server.requests) == 1
+    assert text(ask(gateway, "/approve", channel="lee")) == "gone"

@@ -1,0 +1,174 @@
+"""The gateway's configuration (`mibyan gateway --check`), its trust rules, and its delivery ledger."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from conftest import ROOT, run_cli
+from gatewaying import TOKEN, write_config
+
+from agent_state import SessionStore
+from mibyan.config.loader import load_settings
+from mibyan.config.trust import UntrustedConfigWarning
+from mibyan.gateway.ledger import Ledger
+
+LOCAL = {"local": "http://127.0.0.1:9/v1"}
+MEEPA = {"id": "meepa", "default": True, "provider": "local", "model": "m"}
+
+
+def check(home: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    return run_cli("gateway", "--check", home=home, env={"MIBYAN_GATEWAY_TOKEN": TOKEN, **env})
+
+
+def test_a_valid_configuration_checks_out(home: Path) -> None:
+    write_config(home, LOCAL, [MEEPA, {"id": "bob-2", "provider": "local"}])
+
+    done = check(home)
+
+    assert (done.returncode, done.stderr) == (
+        0,
+        "mibyan gateway: configuration is valid: 2 agent(s), 1 connector(s)\n",
+    )
+
+
+@pytest.mark.parametrize(
+    ("agents", "connectors", "named"),
+    [
+        ([MEEPA], [{"name": "api", "kind": "http", "agent": "nobody"}], "unknown agent 'nobody'"),
+        ([MEEPA, {**MEEPA, "default": False}], None, "two agents have the id 'meepa'"),
+        ([{**MEEPA, "id": "Meepa!"}], None, "agents.0.id"),
+        ([{**MEEPA, "provider": "nowhere"}], None, "unknown provider 'nowhere'"),
+        ([MEEPA], [{"name": "api", "kind": "http"}, {"name": "api", "kind": "http"}], "two connectors"),
+        ([MEEPA], [{"name": "api", "kind": "smoke-signals"}], "connectors.0.kind"),
+        ([{**MEEPA, "max_iterations": 0}], None, "agents.0.max_iterations"),
+        ([{**MEEPA, "tools": {"deny": ["no_such_tool"]}}], None, "no_such_tool"),
+        ([{**MEEPA, "isolation": {"enabled": True}}], None, "isolation.enabled"),
+    ],
+)
+def test_a_broken_gateway_configuration_is_one_line_and_exit_2(
+    home: Path, agents: list[dict[str, Any]], connectors: list[dict[str, Any]] | None, named: str
+) -> None:
+    write_config(home, LOCAL, agents, connectors=connectors)
+
+    done = check(home)
+
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1 and named in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_a_missing_token_says_which_variable_to_set(home: Path) -> None:
+    write_config(home, LOCAL, [MEEPA], connectors=[{"name": "api", "kind": "http", "token_env": "API_TOKEN"}])
+
+    done = check(home, API_TOKEN="")
+
+    assert done.returncode == 2
+    assert "set API_TOKEN" in done.stderr and done.stderr.count("\n") == 1
+
+
+def test_an_untrusted_project_cannot_configure_the_gateway(home: Path, tmp_path: Path) -> None:
+    project = tmp_path / "project"
+    (project / ".mibyan").mkdir(parents=True)
+    hostile = {
+        "agents": [{"id": "evil"}],
+        "connectors": [{"name": "open", "kind": "http", "host": "0.0.0.0"}],
+        "gateway": {"max_concurrent": 1000},
+    }
+    (project / ".mibyan" / "config.yaml").write_text(yaml.safe_dump(hostile))
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        settings = load_settings(home=home, cwd=project, env={})
+
+    assert settings.agents == [] and settings.connectors == []
+    assert settings.gateway.max_concurrent == 16
+    [notice] = [w for w in caught if issubclass(w.category, UntrustedConfigWarning)]
+    assert "agents" in str(notice.message) and "connectors" in str(notice.message)
+
+
+def test_the_command_line_does_not_import_the_http_stack() -> None:
+    code = "import sys, mibyan.cli.main; print(any(m in sys.modules for m in ('starlette', 'uvicorn')))"
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": str(ROOT)},
+        check=True,
+    )
+    assert done.stdout.strip() == "False"
+
+
+@pytest.fixture
+def ledger(home: Path) -> Ledger:
+    return Ledger(SessionStore.open(home))
+
+
+def test_a_message_key_is_recorded_once_per_channel(ledger: Ledger) -> None:
+    first, new = ledger.record_inbound("meepa/api/alice", "k-1", {"text": "hi"})
+    again, repeated = ledger.record_inbound("meepa/api/alice", "k-1", {"text": "hi"})
+    other, elsewhere = ledger.record_inbound("meepa/api/bob", "k-1", {"text": "hi"})
+
+    assert (new, repeated, elsewhere) == (True, False, True)
+    assert again.id == first.id != other.id
+
+
+def test_a_reply_is_pending_until_sent(ledger: Ledger) -> None:
+    entry, _ = ledger.record_inbound("meepa/api/alice", "k-1", {"text": "hi"})
+    ledger.record_reply(entry, "hello", "s1", {"input_tokens": 1})
+
+    [pending] = ledger.undelivered(within=600)
+    ledger.mark_sent(entry.id)
+
+    assert (pending.text, pending.session_id) == ("hello", "s1")
+    assert ledger.undelivered(within=600) == []
+    assert ledger.unfinished() == []
+
+
+def test_a_reply_older_than_the_redelivery_window_is_marked_stale_not_sent(ledger: Ledger) -> None:
+    entry, _ = ledger.record_inbound("meepa/api/alice", None, {"text": "hi"})
+    ledger.record_reply(entry, "too late", "s1", {})
+
+    assert ledger.undelivered(within=0) == []
+    reply = ledger.reply_for(entry.id)
+    assert reply is not None and reply.status == "stale"
+
+
+def test_finished_messages_are_forgotten_after_a_week_unfinished_ones_never(ledger: Ledger) -> None:
+    done, _ = ledger.record_inbound("meepa/api/alice", "old", {"text": "hi"})
+    ledger.record_reply(done, "hello", "s1", {})
+    ledger.mark_sent(done.id)
+    waiting, _ = ledger.record_inbound("meepa/api/alice", "cut-off", {"text": "still to answer"})
+
+    assert ledger.forget_finished() == 0  # a week has not passed
+    assert ledger.forget_finished(older_than=-1) == 1
+
+    assert ledger.record_inbound("meepa/api/alice", "old", {"text": "hi"})[1] is True
+    assert waiting.id in {entry.id for entry in ledger.unfinished()}
+
+
+def test_secrets_in_a_message_are_masked_in_the_ledger(ledger: Ledger, home: Path) -> None:
+    key = "sk-" + "a1b2c3d4" * 4
+    ledger.record_inbound("meepa/api/alice", None, {"text": f"my key is {key}"})
+
+    stored = b"".join(path.read_bytes() for path in home.glob("state.db*"))  # the WAL file too
+    assert b"a1b2c3d4a1b2" not in stored and b"my key is sk-" in stored
+
+
+def test_a_port_already_taken_is_one_line_and_exit_2(home: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        write_config(home, LOCAL, [MEEPA], connectors=[{"name": "api", "kind": "http", "port": port}])
+
+        done = run_cli("gateway", home=home, env={"MIBYAN_GATEWAY_TOKEN": TOKEN})
+
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1 and f"cannot listen on 127.0.0.1:{port}" in done.stderr
