@@ -120,3 +120,20 @@ def run_cli(
 def _text(data: bytes) -> str:
     """What text mode would have read (universal newlines), without failing on bytes that are not UTF-8."""
     return data.decode("utf-8", errors="replace").replace("\r\n", "\n").replace("\r", "\n")
+
+
+@pytest.fixture
+def places(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """Folders outside the working directory and temp, for the sandbox tests (see sandboxing.py)."""
+    from sandboxing import places_outside_temp
+
+    yield from places_outside_temp(monkeypatch)
+
+
+@pytest.fixture
+def host_server() -> Iterator[str]:
+    """A web server on the host's loopback, which a sandbox without network cannot reach."""
+    from sandboxing import serving_hello
+
+    with serving_hello() as url:
+        yield url

@@ -7,7 +7,7 @@ import os
 import shutil
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,25 +21,12 @@ from sandboxing import (
     configure,
     fetch,
     needs_bwrap,
-    places_outside_temp,
     run_command,
-    serving_hello,
 )
 from test_tools import running_with_arguments, tool_results
 
 from mibyan.tools import landlock
 from mibyan.tools.sandbox import Sandbox
-
-
-@pytest.fixture
-def places(monkeypatch: pytest.MonkeyPatch) -> Iterator[Places]:
-    yield from places_outside_temp(monkeypatch)
-
-
-@pytest.fixture
-def host_server() -> Iterator[str]:
-    with serving_hello() as url:
-        yield url
 
 
 @needs_bwrap

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,25 +21,11 @@ from sandboxing import (
     fetch,
     needs_bwrap,
     needs_landlock,
-    places_outside_temp,
     run_command,
-    serving_hello,
 )
 
 from mibyan.tools import landlock
 from mibyan.tools.sandbox import UNCONFINED_WARNING, Sandbox
-
-
-@pytest.fixture
-def places(monkeypatch: pytest.MonkeyPatch) -> Iterator[Places]:
-    yield from places_outside_temp(monkeypatch)
-
-
-@pytest.fixture
-def host_server() -> Iterator[str]:
-    with serving_hello() as url:
-        yield url
-
 
 SEGMENTS = ("a", "b", "..", ".", ".git", ".mibyan", "home", "link", "elsewhere")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import shutil
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,15 +16,9 @@ from sandboxing import (
     Places,
     configure,
     needs_bwrap,
-    places_outside_temp,
 )
 from test_repl_tmux import Terminal
 from test_tools import tool_results
-
-
-@pytest.fixture
-def places(monkeypatch: pytest.MonkeyPatch) -> Iterator[Places]:
-    yield from places_outside_temp(monkeypatch)
 
 
 def outside(server: ScriptedServer, *commands: str) -> None:
