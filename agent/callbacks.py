@@ -9,13 +9,24 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, Literal
 
 from mibyan.agent.interruptible import InterruptSignal
 
 log = logging.getLogger("mibyan.callbacks")
 
 Callback = Callable[..., Any]
+CallbackName = Literal[
+    "tool_progress_callback",
+    "thinking_callback",
+    "reasoning_callback",
+    "clarify_callback",
+    "step_callback",
+    "stream_delta_callback",
+    "tool_gen_callback",
+    "status_callback",
+    "approval_callback",
+]
 
 
 @dataclass
@@ -55,7 +66,7 @@ class Callbacks:
             raise TypeError(f"unknown AIAgent argument(s): {', '.join(unknown)}")
         return cls(**kwargs)
 
-    def emit(self, name: str, *args: Any) -> Any:
+    def emit(self, name: CallbackName, *args: Any) -> Any:
         """Call the named callback if it is set; log (never raise) what it raises."""
         callback: Callback | None = getattr(self, name)
         if callback is None:

@@ -199,3 +199,12 @@ def test_server_errors_end_the_turn_with_a_clear_error(server: ScriptedServer, m
 
     assert result["exit_reason"] == "error"
     assert "401" in result["error"] and "Incorrect API key" in result["error"]
+
+
+def test_the_callback_names_mypy_checks_are_the_callbacks_an_agent_takes() -> None:
+    from dataclasses import fields
+    from typing import get_args
+
+    from mibyan.agent.callbacks import CallbackName, Callbacks
+
+    assert set(get_args(CallbackName)) == {field.name for field in fields(Callbacks)}
