@@ -129,7 +129,7 @@ class Gateway:
         if not self._accepting:
             raise ShuttingDown("the gateway is shutting down")
         instance = self.agents[message.agent_id]
-        key = channel_key(message.agent_id, message.connector, message.channel)
+        key = channel_key(message)
         pending = self.approvals.pending(key) if self.approvals is not None else None
         request = {
             "text": message.text,

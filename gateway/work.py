@@ -4,6 +4,9 @@ what the run came to."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -72,6 +75,17 @@ class Job:
     session_id: str = ""
 
 
-def channel_key(agent_id: str, connector: str, channel: str | None) -> str:
-    """`<agent_id>/<connector>/<channel_id>`; a one-off conversation has no channel part."""
-    return f"{agent_id}/{connector}/{channel}" if channel is not None else f"{agent_id}/{connector}"
+def channel_key(message: Inbound) -> str:
+    """`<agent_id>/<connector>/<channel_id>`, or for a one-off conversation a key of its own.
+
+    One-off conversations never share a key, so they never share a queue, an approval question or an
+    `Idempotency-Key`'s reply: with a key, the same conversation repeated gets the same one (`#` and a
+    digest of its messages, which no client's channel can spell, as those keys always go on with `/`);
+    without, a random one.
+    """
+    if message.channel is not None:
+        return f"{message.agent_id}/{message.connector}/{message.channel}"
+    if message.message_key is None:
+        return f"{message.agent_id}/{message.connector}#{uuid.uuid4().hex}"
+    conversation = json.dumps([message.history, message.text, message.message_key], sort_keys=True)
+    return f"{message.agent_id}/{message.connector}#{hashlib.sha256(conversation.encode()).hexdigest()[:32]}"

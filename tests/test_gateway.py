@@ -576,3 +576,42 @@ def test_a_long_session_is_compressed_after_its_answer_is_delivered(
     assert summarized_after_delivery and all(summarized_after_delivery)
     last = json.dumps(server.requests[-1].body["messages"])
     assert "Chat about tides." in last and "fourth" in last
+
+
+def test_conversations_without_a_channel_run_at_once_not_in_one_queue(
+    gateway: RunningGateway, server: ScriptedServer
+) -> None:
+    both_in_flight: list[bool] = []
+
+    def reply(body: dict[str, Any]) -> Reply:
+        both_in_flight.append(server.wait_for_requests(2, timeout=30))
+        return Reply(text="ok")
+
+    server.default = reply
+    with ThreadPoolExecutor(2) as pool:
+        list(pool.map(lambda n: ask(gateway, f"question {n}"), range(2)))
+
+    assert both_in_flight == [True, True]
+
+
+def test_an_idempotency_key_without_a_channel_never_returns_another_conversations_reply(
+    gateway: RunningGateway, server: ScriptedServer
+) -> None:
+    server.add(Reply(text="alice's private answer"), Reply(text="bob's answer"))
+    ask(gateway, "alice's private question", key="1")
+
+    bob = ask(gateway, "bob's question", key="1")
+
+    assert bob.parse().choices[0].message.content == "bob's answer"
+    assert len(server.requests) == 2
+
+
+def test_the_same_conversation_without_a_channel_repeated_with_its_key_runs_once(
+    gateway: RunningGateway, server: ScriptedServer
+) -> None:
+    server.add(Reply(text="first and only"))
+    first = ask(gateway, "the question", key="k-7")
+    again = ask(gateway, "the question", key="k-7")
+
+    assert again.parse().choices[0].message.content == first.parse().choices[0].message.content
+    assert len(server.requests) == 1

@@ -128,3 +128,17 @@ def test_repeating_the_asking_request_gets_the_question_again(
     assert again == first and "/approve" in again
     assert len(server.requests) == 1
     assert text(ask(gateway, "/approve", channel="lee")) == "gone"
+
+
+def test_a_conversation_without_a_channel_cannot_answer_another_ones_question(
+    gateway: RunningGateway, server: ScriptedServer, build: Path
+) -> None:
+    server.add(CLEAN)
+    server.default = lambda body: Reply(text="an answer of its own")
+    question = text(ask(gateway, "clean the build folder"))
+    assert "approval" in question
+
+    other = text(ask(gateway, "/approve"))
+
+    assert other == "an answer of its own"  # a conversation of its own, not the answer to alice's question
+    assert build.exists()
