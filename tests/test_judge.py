@@ -346,3 +346,23 @@ def test_reasons_read_after_this_command() -> None:
 )
 def test_mibyan_itself_run_by_the_model_cannot_grant_itself_trust_or_yolo(command: str, tier: str) -> None:
     assert classify_command(command).tier == tier, classify_command(command)
+
+
+@pytest.mark.parametrize(
+    ("command", "tier"),
+    [
+        ("pkill -9 .", "hardline"),
+        ("killall -9 -r .", "hardline"),
+        ("pkill -9 -u root", "hardline"),
+        ("pkill -KILL '.*'", "hardline"),
+        ("pkill -f dev-server", "dangerous"),
+        ("mv / /x", "hardline"),
+        ("mv ~ /tmp/gone", "hardline"),
+        ("mv /usr /usr.old", "hardline"),
+        ("mv notes.txt done.txt", "safe"),
+    ],
+)
+def test_killing_everything_by_pattern_or_moving_a_root_away_is_as_bad_as_its_plain_spelling(
+    command: str, tier: str
+) -> None:
+    assert classify_command(command).tier == tier, classify_command(command)

@@ -104,7 +104,52 @@ def _kill(j: Judge, name: str, args: list[Word], feed: Feed) -> Verdict:
     pids = [t for t in texts[i:] if t != "--"]
     if name == "kill" and "-1" in pids:
         return Verdict("hardline", "kills every process you may kill (kill -1)", "kill_all")
+    if name in ("pkill", "killall"):
+        return _kill_by_name(name, texts)
     return SAFE
+
+
+_MATCHES_ANYTHING = {"", ".", ".*", "^", "$", ".+", "^.*", "^.*$", "*"}
+_KILL_VALUED = {
+    "-s",
+    "-n",
+    "--signal",
+    "-u",
+    "--user",
+    "-U",
+    "--uid",
+    "-g",
+    "--pgroup",
+    "-G",
+    "--group",
+    "-P",
+    "--parent",
+    "-t",
+    "--terminal",
+    "-o",
+    "--older-than",
+    "-y",
+    "--younger-than",
+}
+
+
+def _kill_by_name(name: str, texts: list[str]) -> Verdict:
+    """`pkill PATTERN` / `killall NAME`: a pattern that matches anything, or a user alone, is everything."""
+    patterns: list[str] = []
+    by_owner = False
+    i = 0
+    while i < len(texts):
+        text = texts[i]
+        if text in _KILL_VALUED:
+            by_owner |= text in ("-u", "--user", "-U", "--uid")
+            i += 2
+            continue
+        if not text.startswith("-") or text in ("-", ""):
+            patterns.append(text)
+        i += 1
+    if any(p in _MATCHES_ANYTHING for p in patterns) or (by_owner and not patterns):
+        return Verdict("hardline", f"kills every process ({name} {' '.join(texts)})", "kill_all")
+    return Verdict("dangerous", f"kills the processes that match ({name})", "kill_by_name")
 
 
 def _chmod(j: Judge, name: str, args: list[Word], feed: Feed) -> Verdict:

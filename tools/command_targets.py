@@ -77,6 +77,12 @@ def _copy(j: Judge, name: str, args: list[Word], feed: Feed) -> Verdict:
     moved = given if target is not None else given[:-1]
     if name in ("mv", "ln"):
         findings += [j.write(w, "moves or links" if name == "mv" else "links to") for w in moved]
+    if name == "mv":  # moving the root, the home or a system folder away wrecks as surely as deleting it
+        broad = next((b for b in (broad_target(j, w) for w in moved) if b is not None), None)
+        if broad is not None:
+            return Verdict(
+                "hardline", f"moves the root, your home or a system folder away ({broad})", "rm_root"
+            )
     rsh = values.get("-e") or values.get("--rsh")
     if rsh and name == "rsync":
         findings.append(j.script(rsh))
