@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("mibyan.gateway")
 _T = TypeVar("_T")
+_INTERRUPTED_WITHIN = 10.0  # seconds interrupted runs get to return their valid histories at a stop
 
 
 @dataclass
@@ -309,6 +310,8 @@ class Gateway:
         loop = self._loop
         assert loop is not None
         loop.call_soon_threadsafe(_resolve, job, outcome)
+        if not self._accepting:
+            return  # stopping: a compression call would outlast shutdown_grace; the next start compresses
         try:
             compressed = agent.compress_if_needed()
         except MibyanError as exc:  # the answer is out and the history intact: the next turn tries again
@@ -373,7 +376,9 @@ class Gateway:
             if late:
                 for agent in list(self._running):
                     agent.interrupt()
-                await asyncio.wait(late)
+                await asyncio.wait(late, timeout=_INTERRUPTED_WITHIN)
+        for agent in list(self._running):  # answered, but still compressing after delivery
+            agent.interrupt()
 
     def close(self) -> None:
         """Release the worker threads and the store (after `drain` and the connectors' stop)."""
