@@ -102,7 +102,7 @@ class ScriptedServer:
         self.script.extend(replies)
         return self
 
-    def wait_for_requests(self, count: int, timeout: float = 10.0) -> bool:
+    def wait_for_requests(self, count: int, timeout: float = 30.0) -> bool:
         """Block until the server has received `count` requests in all."""
         with self._arrivals:
             return self._arrivals.wait_for(lambda: len(self.requests) >= count, timeout)

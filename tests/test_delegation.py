@@ -44,7 +44,7 @@ def test_three_children_run_at_once_and_report_back(server: ScriptedServer, make
         if is_child(body) and not any(m["role"] == "tool" for m in body["messages"]):
             # A child's first call is answered only once all three have called (or 10 s have passed):
             # children run one after another would leave the others waiting behind this one.
-            together.append(server.wait_for_requests(4, timeout=10))
+            together.append(server.wait_for_requests(4, timeout=30))
         return plain(body)
 
     server.default = reply
