@@ -15,6 +15,7 @@ from pathlib import Path, PurePosixPath
 
 from mibyan.tools.approval import SAFE, Verdict
 from mibyan.tools.command_words import Judge, Word
+from mibyan.tools.path_policy import HOME_STARTUP
 
 SYSTEM_DIRS = frozenset(
     {
@@ -57,29 +58,7 @@ SYSTEM_DIRS = frozenset(
 )
 _SYSTEM_TREES = ("/bin", "/boot", "/etc", "/lib", "/lib32", "/lib64", "/opt", "/sbin", "/usr", "/var/lib")
 _SENSITIVE_SYSTEM = ("/etc", "/boot", "/usr", "/bin", "/sbin", "/lib", "/lib64", "/var/spool/cron", "/sys")
-_SENSITIVE_HOME = (
-    ".ssh",
-    ".bashrc",
-    ".bash_profile",
-    ".bash_login",
-    ".bash_logout",
-    ".profile",
-    ".zshrc",
-    ".zprofile",
-    ".zshenv",
-    ".zlogin",
-    ".kshrc",
-    ".cshrc",
-    ".tcshrc",
-    ".config/fish",
-    ".gitconfig",
-    ".config/git",
-    ".xinitrc",
-    ".xprofile",
-    ".config/autostart",
-    ".config/systemd",
-    ".gnupg",
-)
+_SENSITIVE_HOME = (".ssh", ".gnupg", *HOME_STARTUP)
 _DISK = re.compile(
     r"^/dev/(sd[a-z]|hd[a-z]|vd[a-z]|xvd[a-z]|nvme\d|mmcblk\d|disk\d|rdisk\d|md\d|dm-\d|mapper/|loop\d|"
     r"disk/|block/|mem$|kmem$|port$|sr\d|nbd\d|zd\d|bcache\d)"

@@ -57,8 +57,9 @@ _SYSTEM_SECRETS: dict[str, str] = {
     "/etc/ssh": "the machine's SSH host keys",
 }
 _ENV_FILE_NAMES = (".env", ".envrc")
-#: Under the home folder: files and folders whose content runs by itself later (a new shell, a login).
-_HOME_STARTUP = (
+#: Under the home folder: files and folders whose content runs by itself later (a new shell, a login, git).
+#: The command judge asks before a shell command writes them too (tools/command_paths.py): one list.
+HOME_STARTUP = (
     ".bashrc",
     ".bash_profile",
     ".bash_login",
@@ -68,9 +69,14 @@ _HOME_STARTUP = (
     ".zshenv",
     ".zprofile",
     ".zlogin",
+    ".kshrc",
+    ".cshrc",
+    ".tcshrc",
     ".xprofile",
     ".xinitrc",
     ".pam_environment",
+    ".gitconfig",
+    ".config/git",
     ".config/fish",
     ".config/autostart",
     ".config/systemd",
@@ -142,7 +148,7 @@ def secret_reason(path: Path, *, cwd: Path) -> str | None:
 
 def _starts_by_itself(target: Path, plain: Path) -> bool:
     home = Path.home()
-    roots = [home / name for name in _HOME_STARTUP] + [Path("/etc")]
+    roots = [home / name for name in HOME_STARTUP] + [Path("/etc")]
     return any(_inside(form, root) for form in (target, plain) for root in roots)
 
 
