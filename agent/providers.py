@@ -138,24 +138,21 @@ def build_client(runtime: ProviderRuntime, settings: AgentSettings, transport: A
 
     timeout = settings.agent.api_timeout
     transport = transport or AbortableTransport()
+    sdk: Any
     if runtime.api_mode == "anthropic_messages":
-        import anthropic
+        import anthropic as sdk
 
-        return anthropic.Anthropic(
-            api_key=runtime.api_key,
-            base_url=runtime.base_url,
-            max_retries=0,
-            timeout=timeout,
-            http_client=anthropic.DefaultHttpxClient(transport=transport),
-        )
-    import openai
+        client_class = sdk.Anthropic
+    else:
+        import openai as sdk
 
-    return openai.OpenAI(
+        client_class = sdk.OpenAI
+    return client_class(
         api_key=runtime.api_key,
         base_url=runtime.base_url,
-        max_retries=0,
+        max_retries=0,  # retries and failover are the agent's (turn_api_error.py)
         timeout=timeout,
-        http_client=openai.DefaultHttpxClient(transport=transport),
+        http_client=sdk.DefaultHttpxClient(transport=transport),
     )
 
 
