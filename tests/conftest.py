@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -137,3 +138,11 @@ def host_server() -> Iterator[str]:
 
     with serving_hello() as url:
         yield url
+
+
+def run_in_background(agent: Any, prompt: str) -> tuple[threading.Thread, dict[str, Any]]:
+    """Start `agent.run_conversation(prompt)` on a thread; the dict holds its result once it returns."""
+    outcome: dict[str, Any] = {}
+    worker = threading.Thread(target=lambda: outcome.update(agent.run_conversation(prompt)))
+    worker.start()
+    return worker, outcome

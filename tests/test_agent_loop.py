@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import threading
-
 import pytest
+from conftest import run_in_background
 from loopback import Reply, ScriptedServer
 
 from mibyan.agent.messages import repair_history
@@ -104,9 +103,7 @@ def test_a_dropped_stream_is_retried(server: ScriptedServer, make_agent, home) -
 def test_interrupt_during_a_slow_reply_returns_at_once(server: ScriptedServer, make_agent) -> None:
     server.add(Reply(text="too late", delay=30))
     agent = make_agent()
-    outcome: dict = {}
-    worker = threading.Thread(target=lambda: outcome.update(agent.run_conversation("take your time")))
-    worker.start()
+    worker, outcome = run_in_background(agent, "take your time")
     assert server.wait_for_requests(1)
 
     agent.interrupt()

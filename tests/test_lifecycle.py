@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import gc
 import os
-import threading
 from pathlib import Path
 
 import pytest
+from conftest import run_in_background
 from loopback import Reply, ScriptedServer
 
 from mibyan.agent.errors import AgentBusyError
@@ -57,9 +57,7 @@ def test_subagents_are_closed_when_their_task_is_done(server: ScriptedServer, ma
 def test_a_second_conversation_on_a_running_agent_is_refused(server: ScriptedServer, make_agent) -> None:
     server.add(Reply(text="first", delay=30), Reply(text="second"))
     agent = make_agent()
-    outcome: dict = {}
-    worker = threading.Thread(target=lambda: outcome.update(agent.run_conversation("one")))
-    worker.start()
+    worker, outcome = run_in_background(agent, "one")
     assert server.wait_for_requests(1)
 
     with pytest.raises(AgentBusyError, match="already running"):
@@ -89,9 +87,7 @@ def test_closing_a_running_agent_interrupts_the_run_and_waits_for_it(
 ) -> None:
     server.add(Reply(text="too late", delay=30))
     agent = make_agent()
-    outcome: dict = {}
-    worker = threading.Thread(target=lambda: outcome.update(agent.run_conversation("take your time")))
-    worker.start()
+    worker, outcome = run_in_background(agent, "take your time")
     assert server.wait_for_requests(1)
 
     agent.close()

@@ -13,7 +13,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, run_in_background
 from loopback import Reply, ScriptedServer
 
 from mibyan.tools.registry import tool, unregister
@@ -108,9 +108,7 @@ def test_an_interrupt_cuts_a_web_fetch_that_waits_for_a_silent_server(
     (home / "config.yaml").write_text("agent: {api_max_retries: 0}\nweb: {allow_private: true}\n")
     server.add(Reply(tool_calls=[("web_fetch", {"url": silent_page.url, "timeout": 30})]))
     agent = make_agent()
-    outcome: dict = {}
-    worker = threading.Thread(target=lambda: outcome.update(agent.run_conversation("fetch it")))
-    worker.start()
+    worker, outcome = run_in_background(agent, "fetch it")
     assert silent_page.asked.wait(10)
 
     agent.interrupt()
