@@ -9,6 +9,7 @@ import sysconfig
 import venv
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import ROOT
@@ -79,10 +80,13 @@ def _users_project(folder: Path) -> None:
         (folder / relative).write_text(text)
 
 
-def _clean_env(home: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY") and k != "PYTHONPATH"}
-    env["MIBYAN_HOME"] = str(home)
-    return env
+def _run_in_project(
+    command: list[Any], project: Path, home: Path, **env: str
+) -> subprocess.CompletedProcess[str]:
+    """Run `command` from the user's project, as its own environment would: nothing of this checkout."""
+    environment = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY") and k != "PYTHONPATH"}
+    environment.update(MIBYAN_HOME=str(home), **env)
+    return subprocess.run(command, cwd=project, env=environment, capture_output=True, text=True, timeout=60)
 
 
 def test_a_project_with_its_own_config_and_tools_imports_and_runs_mibyan(
@@ -101,14 +105,7 @@ def test_a_project_with_its_own_config_and_tools_imports_and_runs_mibyan(
     )
     server.add(Reply(text="hello from the wheel"))
 
-    done = subprocess.run(
-        [installed / "bin" / "python", "my_script.py", server.base_url],
-        cwd=project,
-        env=_clean_env(home),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = _run_in_project([installed / "bin" / "python", "my_script.py", server.base_url], project, home)
 
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "hello from the wheel"
@@ -123,24 +120,16 @@ def test_the_console_script_from_the_wheel_answers_in_a_users_project(
     _users_project(project)
     server.add(Reply(text="one-shot answer"))
 
-    done = subprocess.run(
-        [installed / "bin" / "mibyan", "chat", "-q", "hi", "--base-url", server.base_url],
-        cwd=project,
-        env=_clean_env(home),
-        capture_output=True,
-        text=True,
-        timeout=60,
+    done = _run_in_project(
+        [installed / "bin" / "mibyan", "chat", "-q", "hi", "--base-url", server.base_url], project, home
     )
 
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "one-shot answer"
-    where = subprocess.run(
+    where = _run_in_project(
         [installed / "bin" / "python", "-c", "import mibyan.config.loader as m; print(m.__file__)"],
-        cwd=project,
-        env=_clean_env(home),
-        capture_output=True,
-        text=True,
-        check=True,
+        project,
+        home,
     ).stdout
     assert where.startswith(str(installed))
 
@@ -151,13 +140,7 @@ def test_the_version_is_the_installed_packages(installed: Path, home: Path) -> N
     # As if a release had bumped pyproject.toml: the command must report that, not a copy of its own.
     metadata.write_text(original.replace("\nVersion: ", "\nVersion: 7.7.7.dev0+", 1))
     try:
-        done = subprocess.run(
-            [installed / "bin" / "mibyan", "--version"],
-            env=_clean_env(home),
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        done = _run_in_project([installed / "bin" / "mibyan", "--version"], home, home)
     finally:
         metadata.write_text(original)
     assert done.returncode == 0, done.stderr
@@ -171,13 +154,8 @@ def test_the_gateway_from_the_wheel_checks_its_configuration(
     local = f"providers: {{local: {{api_mode: chat_completions, base_url: '{server.base_url}'}}}}\n"
     (home / "config.yaml").write_text(local + agents)
 
-    done = subprocess.run(
-        [installed / "bin" / "mibyan", "gateway", "--check"],
-        cwd=tmp_path,
-        env={**_clean_env(home), "MIBYAN_GATEWAY_TOKEN": "t"},
-        capture_output=True,
-        text=True,
-        timeout=60,
+    done = _run_in_project(
+        [installed / "bin" / "mibyan", "gateway", "--check"], tmp_path, home, MIBYAN_GATEWAY_TOKEN="t"
     )
 
     assert done.returncode == 0, done.stderr
