@@ -317,8 +317,9 @@ def test_retry_asks_again_and_undo_forgets_the_turn(server: ScriptedServer, chat
     chat.send("/undo", "Enter")
     chat.wait_for("forgot: what now?")
     chat.send("/tools", "Enter")
-    screen = chat.wait_for("read_file")
-    assert "terminal" in screen
+    # each tool is its own line, printed one after another: wait for both rather than catch the list half drawn
+    screen = chat.wait_for(f"  {'terminal':<16} ")
+    assert f"  {'read_file':<16} " in screen
 
 
 def test_an_approval_shows_the_escapes_hidden_in_a_command(
