@@ -59,10 +59,19 @@ def _session_id(text: str) -> str:
     return text
 
 
+def _named(text: str) -> str:
+    """An argparse type: a name or address, which an empty or blank word cannot be."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("it is empty")
+    return text
+
+
 def _add_agent_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("-m", "--model", help="model name (default: model.name in config)")
-    parser.add_argument("--provider", help="provider from the config: openai, anthropic, openrouter, ...")
-    parser.add_argument("--base-url", help="the provider's API address (e.g. a local server)")
+    parser.add_argument("-m", "--model", type=_named, help="model name (default: model.name in config)")
+    parser.add_argument(
+        "--provider", type=_named, help="provider from the config: openai, anthropic, openrouter, ..."
+    )
+    parser.add_argument("--base-url", type=_named, help="the provider's API address (e.g. a local server)")
     parser.add_argument(
         "--api-mode",
         choices=API_MODES,

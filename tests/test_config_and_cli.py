@@ -88,7 +88,9 @@ def test_cli_exits_1_on_a_provider_error(server: ScriptedServer, home) -> None:
     assert "Traceback" not in done.stderr
 
 
-@pytest.mark.parametrize("args", [["--api-mode", "carrier_pigeon"], ["--max-turns", "many"]])
+@pytest.mark.parametrize(
+    "args", [["--api-mode", "carrier_pigeon"], ["--max-turns", "many"], ["-m", ""], ["--base-url", " "]]
+)
 def test_cli_usage_errors_are_one_line_and_exit_2(home, args: list[str]) -> None:
     done = run_cli("chat", "-q", "hi", *args, home=home)
     assert done.returncode == 2

@@ -317,7 +317,7 @@ def test_retry_asks_again_and_undo_forgets_the_turn(server: ScriptedServer, chat
     chat.send("/undo", "Enter")
     chat.wait_for("forgot: what now?")
     chat.send("/tools", "Enter")
-    # each tool is its own line, printed one after another: wait for both rather than catch the list half drawn
+    # each tool is its own line, printed one after another: wait for the later one, not a half-drawn list
     screen = chat.wait_for(f"  {'terminal':<16} ")
     assert f"  {'read_file':<16} " in screen
 
