@@ -94,6 +94,7 @@ def test_cli_exits_1_on_a_provider_error(server: ScriptedServer, home) -> None:
 def test_cli_usage_errors_are_one_line_and_exit_2(home, args: list[str]) -> None:
     done = run_cli("chat", "-q", "hi", *args, home=home)
     assert done.returncode == 2
+    assert done.stderr.startswith(f"mibyan: error: argument {args[0]}")
     assert len(done.stderr.strip().splitlines()) == 1
     assert done.stdout == ""
 
