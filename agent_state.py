@@ -521,6 +521,10 @@ class SessionStore:
                 return chain
             chain.insert(0, parent)
 
+    def channel_sessions(self, channel: str) -> list[str]:
+        """The sessions of a gateway channel (its key `<agent>/<connector>/<channel>`)."""
+        return [row["id"] for row in self._query("SELECT id FROM sessions WHERE channel = ?", (channel,))]
+
     def list_sessions(self, limit: int = 50) -> list[dict[str, Any]]:
         rows = self._query("SELECT * FROM sessions ORDER BY updated_at DESC LIMIT ?", (limit,))
         return [dict(r) for r in rows]

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from mibyan.agent.hooks import Hooks
     from mibyan.agent.providers import ProviderRuntime
     from mibyan.tools.approval import ApprovalPolicy
+    from mibyan.tools.sandbox import Sandbox
 
 __all__ = ["AIAgent"]
 
@@ -63,7 +64,12 @@ class AIAgent(
         http_transport: an httpx2 transport for the model calls (e.g. `httpx2.MockTransport` in tests);
             the default opens real connections.
         workspace: a folder with the agent's own SOUL.md, MEMORY.md, USER.md, skills/ and AGENTS.md, used
-            instead of the home's (the session store stays the home's state.db).
+            instead of the home's (the session store stays the home's state.db). When it lies in the
+            home (a gateway agent's), it is the only part of the home the tools may read, and `workdir`
+            (inside it) the only part they may write.
+        workdir: the tools' working directory: relative paths, commands and the sandbox's root; the
+            process's own when omitted (it is never changed, so agents in threads may differ).
+        sandbox: confine commands with this sandbox instead of the one `sandbox:` configures.
         max_tool_failures: consecutive failures of one tool before the model is told to change course
             (`agent.max_tool_failures`, default 3).
         **callbacks: the callbacks of `agent.callbacks.Callbacks`, by name.
@@ -94,6 +100,8 @@ class AIAgent(
         http_transport: httpx2.BaseTransport | None = None,
         workspace: str | os.PathLike[str] | None = None,
         max_tool_failures: int | None = None,
+        workdir: str | os.PathLike[str] | None = None,
+        sandbox: Sandbox | None = None,
         **callbacks: Any,
     ) -> None:
         init_agent(
@@ -115,6 +123,8 @@ class AIAgent(
             http_transport=http_transport,
             workspace=workspace,
             max_tool_failures=max_tool_failures,
+            workdir=workdir,
+            sandbox=sandbox,
             callbacks=callbacks,
         )
 

@@ -78,6 +78,8 @@ def init_agent(
     workspace: str | os.PathLike[str] | None,
     max_tool_failures: int | None,
     callbacks: dict[str, Any],
+    workdir: str | os.PathLike[str] | None = None,
+    sandbox: Sandbox | None = None,
 ) -> None:
     """Wire a new AIAgent: settings, provider runtime, adapter, tools, callbacks and session."""
     from mibyan.agent.callbacks import Callbacks
@@ -107,6 +109,8 @@ def init_agent(
     agent.home = home_path
     agent.workspace = Path(workspace) if workspace is not None else None
     agent.persona_dir = agent.workspace or home_path
+    agent.workdir = Path(workdir).resolve() if workdir is not None else None
+    agent.session_scope = None
     agent.memory = MemoryStore(home_path, folder=agent.workspace)
     runtime = resolve_runtime(
         settings,
@@ -129,7 +133,9 @@ def init_agent(
     agent._window = context_window(settings, runtime, home_path)
     agent._context_engine = load_engine(settings, agent._window, agent._estimator, make_summarizer(agent))
     check_tool_selection(settings.tools.toolsets, allow=settings.tools.allow, deny=settings.tools.deny)
-    agent.sandbox = make_sandbox(settings, home_path, agent.callbacks, source=source)
+    agent.sandbox = sandbox or make_sandbox(
+        settings, home_path, agent.callbacks, source=source, workdir=agent.workdir
+    )
     agent.tools = ToolRuntime(
         schemas=get_tool_definitions(
             settings.tools.toolsets,
@@ -156,7 +162,9 @@ def init_agent(
     open_session(agent, session_id, source=source)
 
 
-def make_sandbox(settings: AgentSettings, home: Path, callbacks: Any, *, source: str) -> Sandbox:
+def make_sandbox(
+    settings: AgentSettings, home: Path, callbacks: Any, *, source: str, workdir: Path | None = None
+) -> Sandbox:
     """The sandbox of the agent's commands, rooted at the working directory; mibyan's home stays read-only.
 
     Where no backend confines commands (or Landlock cannot keep all it should), that is said once per
@@ -167,7 +175,7 @@ def make_sandbox(settings: AgentSettings, home: Path, callbacks: Any, *, source:
     config = settings.sandbox
     sandbox = Sandbox(
         config.mode,
-        Path.cwd(),
+        workdir or Path.cwd(),
         writable=config.writable,
         network=config.network,
         writable_git=config.writable_git,
@@ -287,7 +295,7 @@ def open_session(agent: AIAgent, session_id: str | None, *, source: str) -> None
             "provider": runtime.provider,
             "api_mode": runtime.api_mode,
             "system_prompt": agent._session_system_prompt(),
-            "cwd": str(Path.cwd()),
+            "cwd": str(agent.workdir or Path.cwd()),
         }
 
     agent.session = SessionHandle.open(store, session_id or new_session_id(), messages, meta)

@@ -87,10 +87,10 @@ class PromptBuilderMixin(AgentBase):
         return text
 
     def _skills(self) -> list[Skill]:
-        return discover_skills(self.persona_dir, Path.cwd())
+        return discover_skills(self.persona_dir, self.workdir or Path.cwd())
 
     def _build_system_prompt(self) -> str:
-        cwd = Path.cwd()
+        cwd = self.workdir or Path.cwd()
         soul = self.persona_dir / "SOUL.md"
         parts = [
             soul.read_text(encoding="utf-8").strip() if soul.is_file() else DEFAULT_PERSONA,

@@ -57,6 +57,10 @@ class AgentCore(ABC):
     # where the persona, memory files, skills and context file come from: the home, or a workspace
     workspace: Path | None
     persona_dir: Path
+    # the tools' working directory (relative paths, commands); None: the process's own
+    workdir: Path | None
+    # what session_search may see: the sessions of this channel key only (None: every session)
+    session_scope: str | None
     memory: MemoryStore
     compress_between_turns: bool
 

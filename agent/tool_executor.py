@@ -114,10 +114,10 @@ class ToolExecutorMixin(AgentBase):
         return apply_memory(self.memory, self.session.store, args)
 
     def _skills_list(self, args: dict[str, Any], turn: TurnState) -> str:
-        return list_skills(self.persona_dir)
+        return list_skills(self.persona_dir, self.workdir)
 
     def _skill_view(self, args: dict[str, Any], turn: TurnState) -> str:
-        return view_skill(self.persona_dir, str(args["name"]))
+        return view_skill(self.persona_dir, str(args["name"]), self.workdir)
 
     def _todo(self, args: dict[str, Any], turn: TurnState) -> str:
         return apply_todo(self.session.store, self.session.session_id, args)
@@ -132,14 +132,21 @@ class ToolExecutorMixin(AgentBase):
         return run_delegation(self, args, add_usage)
 
     def _session_search(self, args: dict[str, Any], turn: TurnState) -> str:
+        store = self.session.store
+        lineage = store.lineage(self.session.session_id)
+        # a gateway channel's run sees its own channel's sessions, never other people's or agents'
+        within = (
+            None if self.session_scope is None else [*lineage, *store.channel_sessions(self.session_scope)]
+        )
         return search_sessions(
-            self.session.store,
+            store,
             query=str(args["query"]),
             role=args.get("role"),
             since=args.get("since"),
             scope=str(args.get("scope", "all")),
-            current_lineage=self.session.store.lineage(self.session.session_id),
+            current_lineage=lineage,
             limit=int(args.get("limit", 10)),
+            within=within,
         )
 
     def _clarify(self, args: dict[str, Any], turn: TurnState) -> str:
@@ -175,7 +182,8 @@ class ToolExecutorMixin(AgentBase):
             return plan
         spec = plan.spec
         if spec.resource and isinstance(plan.args.get(spec.resource), str):
-            plan.resource = os.path.abspath(os.path.expanduser(plan.args[spec.resource]))
+            where = self.workdir or Path.cwd()
+            plan.resource = os.path.normpath(where / os.path.expanduser(plan.args[spec.resource]))
         if spec.timeout is not None:
             plan.timeout = spec.timeout
         if isinstance(plan.args.get("timeout"), int | float):
@@ -194,6 +202,9 @@ class ToolExecutorMixin(AgentBase):
             sandbox=self.sandbox,
             protected=self._hook_files(),
             allow_private_web=self.settings.web.allow_private,
+            workdir=self.workdir,
+            agent_folder=self.workspace,
+            isolated=self.sandbox.isolated,
         )
         token = context.bind(bound)
         try:

@@ -28,7 +28,11 @@ class AgentTools(_Section):
 
 
 class Isolation(_Section):
+    """`enabled`: every run's tools work in a fresh sandbox holding only the agent's workspace;
+    `network`: its commands may use the network (off by default)."""
+
     enabled: bool = False
+    network: bool = False
 
 
 class GatewayAgent(_Section):

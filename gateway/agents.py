@@ -1,29 +1,33 @@
 """AgentInstance: one configured gateway agent, and the AIAgent it builds for each channel run.
 
 Nothing of the agent loop is re-implemented here: each run is the core `AIAgent` built from the
-agent's entry (provider, model, iteration budget, tools) with its workspace as the source of its
-persona, memory and skills. The session store stays the home's state.db, shared by every agent.
+agent's entry (provider, model, iteration budget, tools) with its folder as the source of its
+persona, memory and skills, and its `workspace/` as the tools' working directory. The tools reach no
+other part of the home (another agent's folder, state.db, config.yaml): the file tools and the command
+judge refuse it, and the sandbox hides it from commands. An isolated agent's commands run in a fresh
+sandbox holding only its workspace. The session store stays the home's state.db, shared by every agent.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from mibyan.agent.errors import ConfigError
 from mibyan.config.gateway import GatewayAgent
 from mibyan.config.loader import AgentSettings
 from mibyan.config.paths import private_dir, write_private
 
 if TYPE_CHECKING:
+    from mibyan.tools.sandbox import Sandbox
     from run_agent import AIAgent
 
 WORKSPACE_FILES = ("SOUL.md", "USER.md", "MEMORY.md")
-
-#: Tools a gateway agent never has: session_search reads every session in the store (other channels'
-#: people, other agents), and delegate_task's subagents would work from the home's memory, not the agent's.
-GATEWAY_DENIED = ("session_search", "delegate_task")
+log = logging.getLogger("mibyan.gateway")
 
 
 def workspace_of(home: Path, agent_id: str) -> Path:
@@ -32,8 +36,10 @@ def workspace_of(home: Path, agent_id: str) -> Path:
 
 
 def prepare_workspace(folder: Path) -> None:
-    """Create the workspace and its skills/ (0700); the persona and memory files are the user's to write."""
+    """Create the agent's folder with skills/ and workspace/ (0700); the persona and memory files are the
+    user's to write."""
     private_dir(folder / "skills")
+    private_dir(folder / "workspace")
 
 
 @dataclass(frozen=True)
@@ -56,7 +62,48 @@ class AgentInstance:
 
     @property
     def workspace(self) -> Path:
+        """The agent's folder: persona, memory, skills, AGENTS.md and its `workspace/`."""
         return workspace_of(self.home, self.entry.id)
+
+    @property
+    def workdir(self) -> Path:
+        """The tools' working directory: the one place of the home they may write."""
+        return self.workspace / "workspace"
+
+    def sandbox(self) -> Sandbox:
+        """A sandbox for one run's commands, rooted at the workspace, the rest of the home hidden.
+
+        Isolated: a fresh filesystem with only the workspace (and the system's folders, read-only), the
+        network off unless `isolation.network`. Otherwise `sandbox:` applies (reads anywhere else).
+
+        Raises:
+            ConfigError: isolation asked for where bubblewrap is missing.
+        """
+        from mibyan.tools.sandbox import Sandbox
+
+        home = self.home.resolve()
+        if self.entry.isolation.enabled:
+            return Sandbox(
+                "workspace-write",
+                self.workdir,
+                network=self.entry.isolation.network,
+                protected=[home],
+                hidden=[home],
+                isolated=True,
+                backend="bubblewrap",
+            )
+        config = self.settings.sandbox
+        return Sandbox(
+            config.mode,
+            self.workdir,
+            writable=config.writable,
+            network=config.network,
+            writable_git=config.writable_git,
+            protected=[home],
+            hidden=[home],
+            visible=[self.workspace],
+            backend=None if config.backend == "auto" else config.backend,
+        )
 
     def check(self) -> None:
         """Resolve the provider now, so a missing key or address stops the gateway at start.
@@ -84,6 +131,25 @@ class AgentInstance:
             env=os.environ,
             home=self.home,
         )
+        self._check_sandbox()
+
+    def _check_sandbox(self) -> None:
+        """An isolated agent needs a bubblewrap that runs here; a confinement gap is logged."""
+        try:
+            sandbox = self.sandbox()
+        except ConfigError as exc:
+            raise ConfigError(f"agents ({self.entry.id}): isolation: {exc}") from None
+        if self.entry.isolation.enabled:
+            probe = sandbox.launch(["true"], cwd="/")
+            done = subprocess.run(probe.argv, capture_output=True, text=True, check=False, timeout=30)
+            if done.returncode != 0:
+                why = (
+                    done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"exit {done.returncode}"
+                )
+                raise ConfigError(f"agents ({self.entry.id}): isolation: bubblewrap cannot run here ({why})")
+        warning = sandbox.warning()
+        if warning is not None:
+            log.warning("agent %s: %s", self.entry.id, warning)
 
     def build(self, *, session_id: str | None, **callbacks: Any) -> AIAgent:
         """An AIAgent for one run on one channel (`session_id` continues the channel's session).
@@ -104,11 +170,10 @@ class AgentInstance:
             home=self.home,
             source="gateway",
             yolo=False,
-            denied_tools=[
-                *GATEWAY_DENIED,
-                *(tools.deny if not tools.allow else self._denied_by_allow_list()),
-            ],
+            denied_tools=tools.deny if not tools.allow else self._denied_by_allow_list(),
             workspace=self.workspace,
+            workdir=self.workdir,
+            sandbox=self.sandbox(),
             **callbacks,
         )
 
@@ -125,7 +190,7 @@ class AgentInstance:
         schemas = get_tool_definitions(
             tools.toolsets or self.settings.tools.toolsets,
             allow=tools.allow,
-            deny=[*self.settings.tools.deny, *tools.deny, *GATEWAY_DENIED],
+            deny=[*self.settings.tools.deny, *tools.deny],
         )
         skills = discover_skills(self.workspace, self.workspace)
         lines = [
@@ -141,6 +206,9 @@ class AgentInstance:
                 for schema in schemas
             ),
             "",
+            "## Workspace",
+            *self._workspace_lines(),
+            "",
             "## Memory",
             "- MEMORY.md and USER.md: change them with the memory tool (add, replace, remove).",
             "- Facts: keep one with memory `remember`; facts are offered again when a message mentions them.",
@@ -152,6 +220,17 @@ class AgentInstance:
         path = self.workspace / "AGENTS.md"
         write_private(path, ("\n".join(lines) + "\n").encode())
         return path
+
+    def _workspace_lines(self) -> list[str]:
+        lines = [
+            f"- Your working directory is {self.workdir}: relative paths and commands start there, and",
+            "  it is the one place you may write. Nothing of other agents or conversations is in reach.",
+        ]
+        isolation = self.entry.isolation
+        if isolation.enabled:
+            network = "on" if isolation.network else "off"
+            lines.append(f"- Your commands see only this folder and an empty /tmp; the network is {network}.")
+        return lines
 
     def _denied_by_allow_list(self) -> list[str]:
         """An allow-list is applied as "deny everything else", next to the agent's own deny list."""

@@ -283,10 +283,11 @@ class Gateway:
             callbacks["approval_callback"] = self._approval_callback(job)
         agent = instance.build(session_id=session_id, **callbacks)
         agent.compress_between_turns = False  # after delivery instead: see _compress_after_delivery
+        agent.session_scope = entry.channel  # session_search: this channel's sessions and no other's
         self._running.add(agent)
         try:
             if not one_off:
-                self._open_channel_session(agent, entry, session_id)
+                self._open_channel_session(agent, entry, session_id, instance)
             self.ledger.mark_running(entry.id, agent.session_id, len(agent.history))
             job.session_id = agent.session_id
             if job.on_start is not None:
@@ -338,7 +339,9 @@ class Gateway:
         reply = self.ledger.record_reply(entry, final, session, result["usage"])
         return Outcome(entry.id, reply.text, session, reply.usage)
 
-    def _open_channel_session(self, agent: AIAgent, entry: InboxEntry, session_id: str | None) -> None:
+    def _open_channel_session(
+        self, agent: AIAgent, entry: InboxEntry, session_id: str | None, instance: AgentInstance
+    ) -> None:
         """A new channel gets its session row (source gateway, the channel's key); a cut-off turn is undone.
 
         A run cut off by a crash or a stop, or one that failed and is asked again under its message id,
@@ -355,7 +358,7 @@ class Gateway:
                 model=runtime.model,
                 provider=runtime.provider,
                 api_mode=runtime.api_mode,
-                cwd=str(Path.cwd()),
+                cwd=str(instance.workdir),
             )
             agent.reload_prompt()
             return

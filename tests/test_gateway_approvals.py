@@ -16,9 +16,9 @@ CLEAN = Reply(tool_calls=[("terminal", {"command": "rm -rf build"})])
 
 
 @pytest.fixture
-def build(tmp_path: Path) -> Path:
-    folder = tmp_path / "build"  # the gateway runs in tmp_path: its commands' working directory
-    folder.mkdir()
+def build(home: Path) -> Path:
+    folder = home / "agents" / "meepa" / "workspace" / "build"  # the agent's commands run in its workspace
+    folder.mkdir(parents=True)
     (folder / "out.o").write_text("object code")
     return folder
 

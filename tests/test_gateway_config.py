@@ -49,7 +49,7 @@ def test_a_valid_configuration_checks_out(home: Path) -> None:
         ([MEEPA], [{"name": "api", "kind": "smoke-signals"}], "connectors.0.kind"),
         ([{**MEEPA, "max_iterations": 0}], None, "agents.0.max_iterations"),
         ([{**MEEPA, "tools": {"deny": ["no_such_tool"]}}], None, "no_such_tool"),
-        ([{**MEEPA, "isolation": {"enabled": True}}], None, "isolation.enabled"),
+        ([{**MEEPA, "isolation": {"enabled": True, "netwrok": True}}], None, "isolation.netwrok"),
     ],
 )
 def test_a_broken_gateway_configuration_is_one_line_and_exit_2(

@@ -97,6 +97,10 @@ class CommandJudge:
         self.user_home = user_home
         bound = context.current()  # the running agent's hook modules, as off limits as its home
         self._hook_files = bound.protected if bound is not None else ()
+        # a gateway agent: its own folder is all of the home its commands may name, its workspace
+        # (where they run) all of it they may write
+        self._agent_folder = bound.agent_folder if bound is not None else None
+        self._writable = bound.workdir if self._agent_folder is not None and bound is not None else None
         self.cwds: list[Path] = [cwd]
         self.cwd_unknown = False
         self.depth = 0
@@ -153,7 +157,7 @@ class CommandJudge:
     def protected(self, path: Path) -> str | None:
         if path not in self._protected:  # resolving follows links on disk: once per path is enough
             self._protected[path] = protected_reason(
-                path, home=self.home, cwd=path.parent, extra=self._hook_files
+                path, home=self.home, cwd=path.parent, extra=self._hook_files, writable=self._writable
             )
         return self._protected[path]
 
@@ -197,13 +201,20 @@ class CommandJudge:
         return combine([self._judge_dynamic(words, feed), *secrets])
 
     def secrets(self, args: Sequence[Word]) -> list[Verdict]:
-        """Arguments naming a place that holds secrets: the command asks every time, as read_file does."""
+        """Arguments naming a place that holds secrets: the command asks every time, as read_file does.
+        For a gateway agent, an argument naming a part of the home not its own never runs."""
         from mibyan.tools.path_policy import secret_reason
 
         found: list[Verdict] = []
         for word in args:
             text = word.text.rpartition("=")[2] if "=" in word.text else word.text
-            if word.dynamic or not ("/" in text or text.startswith((".env", ".netrc"))):
+            if word.dynamic:
+                continue
+            sealed = self._sealed(text)
+            if sealed is not None:
+                found.append(Verdict("hardline", f"reads or changes {sealed}", "sealed_home"))
+                continue
+            if not ("/" in text or text.startswith((".env", ".netrc"))):
                 continue
             for path in self.resolve(text):
                 reason = secret_reason(path, cwd=self.cwds[0])
@@ -213,6 +224,18 @@ class CommandJudge:
                     )
                     break
         return found
+
+    def _sealed(self, text: str) -> str | None:
+        """For a gateway agent, why a word naming a part of the home not its own is refused."""
+        from mibyan.tools.protected import sealed_reason
+
+        if self._agent_folder is None or not text:
+            return None
+        for path in self.resolve(text):
+            sealed = sealed_reason(path, home=self.home, agent_folder=self._agent_folder)
+            if sealed is not None:
+                return sealed
+        return None
 
     def _judge_dynamic(self, words: list[Word], feed: Feed) -> Verdict:
         """A command whose name is only known at run time: its own kind, unless a guess is hardline."""

@@ -29,6 +29,12 @@ class ToolContext:
         allow_private_web: web_fetch may reach loopback and private addresses (`web.allow_private`).
         approved: the verdict the user (or --yolo) allowed for this call; a tool that judges again at
             the moment it acts (the file tools) goes on only when nothing changed in between.
+        workdir: the working directory of relative paths and commands (a gateway agent's workspace);
+            the process's own when None.
+        agent_folder: a gateway agent's own folder in the home: the one part of the home its tools may
+            read, and its workspace (`workdir`, inside it) the one part they may write. Other agents'
+            folders, state.db and config.yaml are out of their reach.
+        isolated: the agent is isolated in its workspace: its tools may not touch anything outside it.
     """
 
     task_id: str | None
@@ -38,6 +44,13 @@ class ToolContext:
     protected: tuple[Path, ...] = ()
     allow_private_web: bool = False
     approved: Verdict | None = None
+    workdir: Path | None = None
+    agent_folder: Path | None = None
+    isolated: bool = False
+
+    def working_directory(self) -> Path:
+        """Where relative paths lead and commands run."""
+        return self.workdir if self.workdir is not None else Path.cwd()
 
 
 _CURRENT: ContextVar[ToolContext | None] = ContextVar("mibyan_tool_context", default=None)

@@ -6,6 +6,9 @@ and nesting only down to `delegation.max_depth`), dangerous commands denied unle
 approved them for the session, and a timeout. Several tasks run at once (`delegation.max_concurrent`).
 The parent gets each child's summary (capped), status and usage; children's sessions are stored with the
 parent's session as parent_id and source "subagent". Interrupting the parent interrupts its children.
+A child works where its parent does, within the same limits: the same working directory, sandbox,
+workspace (a gateway agent's persona and memory) and session_search scope, and none of the tools its
+parent was not given.
 """
 
 from __future__ import annotations
@@ -55,11 +58,15 @@ def _tasks(args: dict[str, Any]) -> list[dict[str, str]]:
 
 
 def _make_child(parent: AgentCore, label: str) -> AIAgent:
+    from model_tools import get_tool_definitions
     from run_agent import AIAgent
 
     delegation = parent.settings.delegation
     depth = parent.delegation_depth + 1
     denied = [name for name in _ALWAYS_DENIED if name not in delegation.allow_tools]
+    toolsets = list(parent.settings.tools.toolsets)
+    given = {schema.name for schema in parent.tools.schemas}
+    denied += [schema.name for schema in get_tool_definitions(toolsets) if schema.name not in given]
     if depth >= delegation.max_depth:
         denied.append("delegate_task")
     runtime = parent.provider.runtime
@@ -80,14 +87,18 @@ def _make_child(parent: AgentCore, label: str) -> AIAgent:
         api_mode=runtime.api_mode,
         max_iterations=delegation.max_iterations,
         home=parent.home,
-        enabled_toolsets=list(parent.settings.tools.toolsets),
+        enabled_toolsets=toolsets,
         source="subagent",
         yolo=parent.tools.approvals.yolo,
         denied_tools=denied,
         tool_progress_callback=progress,
         status_callback=status,
         approval_callback=parent.tools.approvals.answer_from_session,
+        workspace=parent.workspace,
+        workdir=parent.workdir,
+        sandbox=parent.sandbox,
     )
+    child.session_scope = parent.session_scope
     child.delegation_depth = depth
     child.session.parent_id = parent.session.session_id
     return child

@@ -31,8 +31,24 @@ def _judge(path: str, access: Access) -> PathJudgement:
     if "\x00" in path:
         raise ToolError("a path cannot contain a NUL character")
     bound = context.current()
-    home = bound.home if bound is not None and bound.home is not None else mibyan_home()
-    return judge_path(path, access, home=home, protected=bound.protected if bound is not None else ())
+    if bound is None:
+        return judge_path(path, access, home=mibyan_home())
+    return judge_path(
+        path,
+        access,
+        home=bound.home if bound.home is not None else mibyan_home(),
+        cwd=bound.workdir,
+        protected=bound.protected,
+        agent_folder=bound.agent_folder,
+        isolated=bound.isolated,
+    )
+
+
+def _given(path: str) -> Path:
+    """The path as the model wrote it, from the tools' working directory when that is not the process's."""
+    given = Path(path).expanduser()
+    bound = context.current()
+    return bound.workdir / given if bound is not None and bound.workdir is not None else given
 
 
 def _policy(access: Access) -> Callable[[dict[str, Any]], Verdict]:
@@ -269,7 +285,7 @@ def search_files(pattern: str = "", path: str = ".", glob: str | None = None, ma
         max_results: how many matches to return at most.
     """
     resolved = _resolve(path)
-    given = Path(path).expanduser()
+    given = _given(path)
     # results name files the way the model wrote the path, unless it leads through a link
     root = given if os.path.realpath(given) == str(resolved) and not given.is_symlink() else resolved
     if not root.exists():

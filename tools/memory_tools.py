@@ -31,15 +31,15 @@ def apply_memory(memory: MemoryStore, store: SessionStore, args: dict[str, Any])
     return memory.change(target, action, content=content, old=str(args.get("old") or ""))
 
 
-def view_skill(home: Path, name: str) -> str:
-    for skill in discover_skills(home, Path.cwd()):
+def view_skill(home: Path, name: str, cwd: Path | None = None) -> str:
+    for skill in discover_skills(home, cwd or Path.cwd()):
         if skill.name == name:
             return skill.body
     raise ToolError(f"no skill named {name!r}; skills_list shows them")
 
 
-def list_skills(home: Path) -> str:
-    return skills_index(discover_skills(home, Path.cwd())) or "no skills installed"
+def list_skills(home: Path, cwd: Path | None = None) -> str:
+    return skills_index(discover_skills(home, cwd or Path.cwd())) or "no skills installed"
 
 
 @tool(toolset="core")

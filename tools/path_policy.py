@@ -11,6 +11,10 @@ since what they hold runs later by itself (git runs its hooks and some of its co
 Paths are judged by what they lead to: symlinks are resolved first, so a link inside the project that
 points at ~/.ssh/id_rsa is judged as ~/.ssh/id_rsa. A working directory that is the filesystem root or
 the home folder frees nothing, since it would free the whole machine or every dotfile.
+
+A gateway agent (`agent_folder`) works in its workspace inside the home: that one folder of the home is
+free for it, and the rest of the home (other agents, state.db, config.yaml) is hardline even to read. An
+isolated agent's tools touch nothing outside its workspace at all.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from pathlib import Path
 from typing import Literal
 
 from mibyan.tools.approval import SAFE, Verdict
-from mibyan.tools.protected import protected_reason
+from mibyan.tools.protected import protected_reason, sealed_reason
 
 Access = Literal["read", "write"]
 
@@ -173,6 +177,8 @@ def judge_path(
     home: Path | None,
     cwd: Path | None = None,
     protected: Iterable[Path] = (),
+    agent_folder: Path | None = None,
+    isolated: bool = False,
 ) -> PathJudgement:
     """Judge a file tool's access to `path`.
 
@@ -182,6 +188,8 @@ def judge_path(
         home: the agent's mibyan home; writes there are hardline.
         cwd: the working directory; the process's own when omitted.
         protected: more files no tool may write (the modules of the configured hooks).
+        agent_folder: a gateway agent's own folder in the home (see the module's docstring).
+        isolated: nothing outside `cwd` may be touched.
     """
     where = Path(os.path.realpath(cwd if cwd is not None else Path.cwd()))
     expanded = Path(os.path.expanduser(path))
@@ -190,7 +198,32 @@ def judge_path(
     # path as written) does not, so the two can differ: both are judged
     target = Path(os.path.realpath(where / expanded))
     shown = str(target) if target == plain else f"{path} → {target}"
-    return PathJudgement(_verdict(target, plain, access, home, where, protected, path), target, shown)
+    confined = _confined(target, plain, access, home, where, agent_folder, isolated)
+    verdict = confined or _verdict(target, plain, access, home, where, protected, path, agent_folder)
+    return PathJudgement(verdict, target, shown)
+
+
+def _confined(
+    target: Path,
+    plain: Path,
+    access: Access,
+    home: Path | None,
+    cwd: Path,
+    agent_folder: Path | None,
+    isolated: bool,
+) -> Verdict | None:
+    """The refusal of a gateway agent's access to the home's other parts, or outside an isolated one's
+    workspace; None when neither applies."""
+    verb = "reads" if access == "read" else "writes"
+    if isolated and not all(_inside(form, cwd) for form in (target, plain)):
+        return Verdict("hardline", f"{verb} {target}, outside this isolated agent's workspace", "isolated")
+    if home is None:
+        return None
+    for form in (target, plain):
+        sealed = sealed_reason(form, home=home, agent_folder=agent_folder, cwd=cwd)
+        if sealed is not None:
+            return Verdict("hardline", f"{verb} {sealed}", "sealed_home")
+    return None
 
 
 def _verdict(
@@ -201,12 +234,16 @@ def _verdict(
     cwd: Path,
     protected: Iterable[Path],
     given: str,
+    agent_folder: Path | None,
 ) -> Verdict:
     verb = "reads" if access == "read" else "writes"
     if access == "write" and home is not None:
+        writable = (
+            cwd if agent_folder is not None and _inside(cwd, Path(os.path.realpath(agent_folder))) else None
+        )
         # both: the file this policy will have the tool open, and the path as the OS would resolve it
         for form in (str(target), given):
-            refused = protected_reason(form, home=home, cwd=cwd, extra=protected)
+            refused = protected_reason(form, home=home, cwd=cwd, extra=protected, writable=writable)
             if refused is not None:
                 return Verdict("hardline", refused, "protected_file")
     if home is not None and access == "read" and target == Path(os.path.realpath(home / "config.yaml")):

@@ -4,6 +4,10 @@ The home (`$MIBYAN_HOME`: config.yaml with its approvals and hooks, state.db, me
 records) and a project's `./.mibyan/` folder belong to the user. Tools that write (the file tools, and the
 command judge for a shell command's write targets) ask `protected_reason` first; a write it names is
 hardline, in every mode.
+
+A gateway agent's tools reach even less of the home: its own folder (`agents/<id>/`) is all they may
+read there, and its workspace all they may write (`sealed_reason`), so one agent never sees another's
+memory, files or conversations.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ def protected_reason(
     home: Path,
     cwd: Path | None = None,
     extra: Iterable[Path] = (),
+    writable: Path | None = None,
 ) -> str | None:
     """Why a write to `path` is refused, or None when it is not one of mibyan's own files.
 
@@ -39,11 +44,13 @@ def protected_reason(
         home: the mibyan home of the running agent.
         cwd: the working directory the path is relative to (the process's own when omitted).
         extra: more files to protect, such as the modules the configured hooks live in.
+        writable: the one folder inside the home tools may write (a gateway agent's workspace).
     """
     where = cwd if cwd is not None else Path.cwd()
     target = _resolved(path, where)
     home_dir = _resolved(home, where)
-    if _inside(target, home_dir):
+    in_workspace = writable is not None and _inside(target, _resolved(writable, where))
+    if _inside(target, home_dir) and not in_workspace:
         return f"{target} is in mibyan's home ({home_dir}), which only you may change"
     if any(part == ".mibyan" for part in target.parts):
         return (
@@ -52,4 +59,25 @@ def protected_reason(
     for file in extra:
         if target == _resolved(file, where):
             return f"{target} holds a hook mibyan runs, which only you may change"
+    return None
+
+
+def sealed_reason(
+    path: str | os.PathLike[str], *, home: Path, agent_folder: Path | None, cwd: Path | None = None
+) -> str | None:
+    """Why a gateway agent's tool may not even read `path`: a part of the home not its own, or None.
+
+    Args:
+        path: the path as the tool received it (relative to `cwd`).
+        home: the mibyan home (other agents' folders, state.db, config.yaml, logs).
+        agent_folder: the agent's own folder in the home; None (not a gateway agent) seals nothing.
+        cwd: the working directory the path is relative to (the process's own when omitted).
+    """
+    if agent_folder is None:
+        return None
+    where = cwd if cwd is not None else Path.cwd()
+    target = _resolved(path, where)
+    home_dir = _resolved(home, where)
+    if _inside(target, home_dir) and not _inside(target, _resolved(agent_folder, where)):
+        return f"{target} belongs to mibyan's home ({home_dir}): other agents' files and conversations"
     return None

@@ -11,6 +11,12 @@ when it does, so that a mistake in one layer is caught by the other. Modes:
 - `read-only`: reads anywhere, writes nowhere (not even in /tmp).
 - `off`: commands run as they are.
 
+Places may also be hidden (`hidden`: an empty, read-only folder in their stead), with parts of them
+shown again read-only (`visible`): a gateway agent's commands do not see mibyan's home, only the agent's
+own folder and its workspace. An isolated sandbox (`isolated`, bubblewrap only) is a fresh filesystem:
+the system's folders read-only, the working directory writable, an empty /tmp, nothing else, and an
+environment with none of the gateway's variables (its keys among them).
+
 Backends, in order: bubblewrap (`bwrap`: a read-only view of /, the writable places bound over it, new
 PID namespace and session, no capabilities, killed with its parent, no network namespace when asked),
 then Landlock (a kernel facility, applied to the command's process just before it starts), then none:
@@ -53,6 +59,8 @@ _NETWORK_FAILURE = re.compile(
     re.IGNORECASE,
 )
 _BWRAP_FAILURE = re.compile(r"\Abwrap: (.*)")
+#: What an isolated sandbox shows of the machine (read-only): what programs need to run.
+_SYSTEM_FOLDERS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/etc", "/opt")
 
 
 def _landlock() -> ModuleType:
@@ -121,6 +129,9 @@ class Sandbox:
         protected: places that stay read-only even inside a writable one (mibyan's home, say); the
             working directory's `.mibyan/` is always among them.
         backend: force a backend; the machine's best one (`detect_backend()`) when omitted.
+        hidden: places commands cannot see (bubblewrap; Landlock cannot hide what it lets them read).
+        visible: places inside the hidden ones they still see, read-only.
+        isolated: a fresh filesystem and environment (see the module's docstring); needs bubblewrap.
 
     Raises:
         ConfigError: an unknown mode, or a backend this machine does not have.
@@ -136,6 +147,9 @@ class Sandbox:
         writable_git: bool = False,
         protected: Iterable[str | Path] = (),
         backend: Backend | None = None,
+        hidden: Iterable[str | Path] = (),
+        visible: Iterable[str | Path] = (),
+        isolated: bool = False,
     ) -> None:
         if mode not in MODES:
             raise ConfigError(f"sandbox.mode: unknown mode '{mode}' (known: {', '.join(MODES)})")
@@ -146,6 +160,11 @@ class Sandbox:
         self.writable_git = writable_git
         self.protected = (*(_resolved(p, self.workdir) for p in protected), self.workdir / ".mibyan")
         self.backend: Backend = backend or detect_backend()
+        self.hidden = tuple(_resolved(p, self.workdir) for p in hidden)
+        self.visible = tuple(_resolved(p, self.workdir) for p in visible)
+        self.isolated = isolated
+        if isolated and (mode != "workspace-write" or self.backend != "bubblewrap" or not _bwrap()):
+            raise ConfigError("needs bubblewrap (package bubblewrap) and the mode workspace-write")
         if mode != "off" and self.backend == "landlock" and _landlock().abi_version() <= 0:
             raise ConfigError("sandbox.backend: landlock: this kernel does not offer Landlock")
         if mode != "off" and self.backend == "bubblewrap" and not _bwrap():
@@ -167,6 +186,7 @@ class Sandbox:
         if self.backend != "landlock":
             return None
         gaps = [str(p) for p in self.read_only_places()]
+        gaps += [f"{p} from being read" for p in self.hidden]
         if self.has_network and not self.network:
             gaps.append("the network (this kernel's Landlock cannot take it away)")
         elif not self.network:
@@ -179,6 +199,8 @@ class Sandbox:
         """Where a confined command may write (for workspace-write; read-only has none)."""
         if self.mode != "workspace-write":
             return []
+        if self.isolated:
+            return [self.workdir]  # and its own, empty /tmp
         temp = {Path("/tmp"), Path(tempfile.gettempdir()).resolve()}
         return list(dict.fromkeys([self.workdir, *sorted(temp), *self.writable, *self._linked_git_dirs()]))
 
@@ -262,15 +284,19 @@ class Sandbox:
             "--cap-drop",
             "ALL",
         ]
-        options += ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
+        options += self._isolated_root() if self.isolated else ["--ro-bind", "/", "/"]
+        options += ["--dev", "/dev", "--proc", "/proc"]
         # the kernel's settings stay read-only: root could otherwise change them for the whole machine
         # (kernel.core_pattern, say, runs a program of its choosing outside any sandbox)
         options += ["--ro-bind", "/proc/sys", "/proc/sys"]
         options += ["--ro-bind-try", "/proc/sysrq-trigger", "/proc/sysrq-trigger"]
-        for place in self.writable_places():
-            if place.exists():
-                options += ["--bind", str(place), str(place)]
+        writable = [place for place in self.writable_places() if place.exists()]
+        for place in writable:
+            options += ["--bind", str(place), str(place)]
+        options += self._hiding(writable)
         for place in self.read_only_places():
+            if any(_inside(hidden, place) for hidden in self.hidden):
+                continue  # hidden, not merely read-only
             if place.name == ".mibyan":
                 # a command must not create it either, so an empty folder is held read-only in its place
                 # (where mibyan cannot create it, the commands it runs cannot either)
@@ -280,6 +306,30 @@ class Sandbox:
                 options += ["--ro-bind", str(place), str(place)]
         if not self.network:
             options.append("--unshare-net")
+        return options
+
+    def _isolated_root(self) -> list[str]:
+        """A fresh root: the system's folders read-only, an empty /tmp, a clean environment."""
+        options = ["--unshare-ipc", "--unshare-uts", "--clearenv"]
+        for folder in _SYSTEM_FOLDERS:
+            options += ["--ro-bind-try", folder, folder]
+        options += ["--tmpfs", "/tmp"]
+        options += ["--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin", "--setenv", "HOME", str(self.workdir)]
+        return [*options, "--setenv", "LANG", "C.UTF-8", "--setenv", "TMPDIR", "/tmp"]
+
+    def _hiding(self, writable: list[Path]) -> list[str]:
+        """Hidden places as empty read-only folders, the visible parts of them shown again read-only, and
+        the writable places inside them bound again (all after the writable places, which may hold them)."""
+        options: list[str] = []
+        for hidden in self.hidden:
+            if not hidden.exists():
+                continue
+            options += ["--tmpfs", str(hidden)]
+            inside = [p for p in (*self.visible, *writable) if _inside(p, hidden) and p.exists()]
+            for place in inside:
+                kind = "--bind" if place in writable else "--ro-bind"
+                options += [kind, str(place), str(place)]
+            options += ["--remount-ro", str(hidden)]
         return options
 
     def explain(self, output: str, exit_code: int | None) -> str | None:

@@ -45,15 +45,19 @@ def search_sessions(
     scope: str,
     current_lineage: list[str],
     limit: int,
+    within: list[str] | None = None,
 ) -> str:
-    """Run a session search for the model and format compact results."""
+    """Run a session search for the model and format compact results (`within`: only these sessions)."""
     if scope not in ("all", "current"):
         raise ToolError("scope must be 'all' or 'current'")
+    sessions = current_lineage if scope == "current" else within
+    if sessions is not None and not sessions:
+        return format_hits([])  # an empty list would filter nothing
     hits = store.search(
         query,
         role=role or None,
         since=parse_since(since),
-        session_ids=current_lineage if scope == "current" else None,
+        session_ids=sessions,
         limit=max(1, min(limit, _MAX_LIMIT)),
     )
     return format_hits(hits)

@@ -4,6 +4,10 @@ Commands run in the agent's sandbox (tools/sandbox.py), which the tool executor 
 context; called without one (`model_tools.handle_function_call`, which runs only commands judged safe)
 they run unconfined. One call may ask to run outside the sandbox (`outside_sandbox`): that is a
 dangerous call of its own kind, which the user answers every time.
+
+A gateway agent's commands (the tool context names an agent folder) run from its workspace, without
+the variables that hold the gateway's secrets (API keys, tokens, passwords): the people it serves are
+not the person who configured it. An isolated sandbox starts from an empty environment anyway.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import re
 import signal
 import subprocess
 import threading
@@ -24,6 +29,7 @@ from mibyan.tools.approval import Verdict, classify_command, outside_sandbox
 from mibyan.tools.registry import tool
 from mibyan.tools.sandbox import Launch, Sandbox
 
+_SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH", re.IGNORECASE)
 _KEEP_BYTES = 512 * 1024  # of output, kept from each end; the middle of a flood is dropped
 _KILL_GRACE = 0.5
 
@@ -45,8 +51,19 @@ def terminal_verdict(args: dict[str, Any]) -> Verdict:
 
 def _run_directory(sandbox: Sandbox | None, workdir: object) -> Path:
     # the sandbox is rooted at the agent's working directory (a gateway agent's workspace, say): run there
-    base = sandbox.workdir if sandbox is not None else Path.cwd()
+    current = context.current()
+    base = (
+        sandbox.workdir if sandbox is not None else (current.working_directory() if current else Path.cwd())
+    )
     return base / Path(str(workdir)).expanduser() if workdir else base
+
+
+def _environment() -> dict[str, str] | None:
+    """The commands' environment: the process's own, but a gateway agent's lacks the secrets in it."""
+    current = context.current()
+    if current is None or current.agent_folder is None:
+        return None
+    return {name: value for name, value in os.environ.items() if not _SECRET_NAME.search(name)}
 
 
 class _Output:
@@ -148,6 +165,7 @@ def _start(argv: list[str], sandbox: Sandbox | None, cwd: str) -> subprocess.Pop
         return subprocess.Popen(
             launch.argv,
             cwd=cwd,
+            env=_environment(),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,

@@ -1,0 +1,114 @@
+"""Gateway agents from outside: each works in its own workspace and reaches nothing of another's; an
+isolated one's commands see only that workspace and have no network."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+from typing import Any
+
+from gatewaying import TOKEN, RunningGateway, write_config
+from loopback import Reply, ScriptedServer
+from sandboxing import needs_bwrap
+from test_gateway import MEEPA, ask
+
+from agent_state import SessionStore
+
+
+def tool_results(body: dict[str, Any]) -> list[str]:
+    return [str(m["content"]) for m in body["messages"] if m["role"] == "tool"]
+
+
+def test_agents_work_in_their_own_workspaces_and_never_reach_each_others(
+    server: ScriptedServer, home: Path, tmp_path: Path
+) -> None:
+    write_config(home, {"local": server.base_url}, [MEEPA, {"id": "bob", "provider": "local"}])
+    store = SessionStore.open(home)
+    cli = {"source": "cli", "title": "cli"}
+    store.append_message("cli-1", {"role": "user", "content": "the pelican of the cli"}, create=cli)
+    store.close()
+    meepa_files, bob_files = (home / "agents" / name / "workspace" for name in ("meepa", "bob"))
+    notes = meepa_files / "notes.txt"
+    server.add(
+        Reply(tool_calls=[("write_file", {"path": "notes.txt", "content": "the pelican code"})]),
+        Reply(tool_calls=[("terminal", {"command": "echo from the shell > shell.txt && cat notes.txt"})]),
+        Reply(text="noted"),
+        Reply(
+            tool_calls=[
+                ("read_file", {"path": "../../meepa/workspace/notes.txt"}),
+                ("read_file", {"path": str(notes)}),
+                ("write_file", {"path": "../../meepa/workspace/notes.txt", "content": "overwritten"}),
+                ("terminal", {"command": f"grep -rs pelican {tmp_path}; echo mine > mine.txt"}),
+                ("terminal", {"command": f"head -c 100 {home}/state.db"}),
+                ("session_search", {"query": "pelican"}),
+                ("delegate_task", {"goal": "find meepa's code"}),
+            ]
+        ),
+        Reply(  # the subagent: bob's limits, bob's workspace
+            tool_calls=[
+                ("read_file", {"path": str(notes)}),
+                ("write_file", {"path": "from-child.txt", "content": "child"}),
+            ]
+        ),
+        Reply(text="the subagent found nothing"),
+        Reply(text="found nothing"),
+        *[Reply(tool_calls=[("session_search", {"query": "pelican"})]), Reply(text="searched")] * 2,
+    )
+    with RunningGateway(home) as gateway:
+        ask(gateway, "keep the pelican code", channel="alice")
+        gateway.client().chat.completions.create(
+            model="bob", messages=[{"role": "user", "content": "find meepa's code"}], user="bob-chat"
+        )
+        ask(gateway, "what was the code?", channel="carol")
+        ask(gateway, "what was the code?", channel="alice")
+
+    assert notes.read_text() == "the pelican code"
+    assert (meepa_files / "shell.txt").read_text() == "from the shell\n"
+    assert "the pelican code" in tool_results(server.requests[2].body)[-1]
+    assert (bob_files / "mine.txt").read_text() == "mine\n"
+    assert not any((tmp_path / name).exists() for name in ("notes.txt", "shell.txt", "mine.txt"))
+    child_read, _ = tool_results(server.requests[5].body)
+    assert child_read.startswith("blocked") and (bob_files / "from-child.txt").read_text() == "child"
+    relative, absolute, written, grep, database, search, _ = tool_results(server.requests[6].body)
+    assert all(r.startswith("blocked") for r in (relative, absolute, written, database)), database
+    assert "pelican" not in grep and "[exit code" in grep  # it ran: the sandbox hides the home's contents
+    assert search == "no matches"
+    other_channel, own_channel = (tool_results(server.requests[i].body)[-1] for i in (8, 10))
+    assert other_channel == "no matches"
+    assert "keep the [pelican] code" in own_channel and "cli" not in own_channel
+
+
+@needs_bwrap
+def test_an_isolated_agents_commands_reach_only_its_workspace_and_no_network(
+    server: ScriptedServer, home: Path, tmp_path: Path
+) -> None:
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    (tmp_path / "outside.txt").write_text("the host's file")
+    agents = [MEEPA, {"id": "iso", "provider": "local", "isolation": {"enabled": True}}]
+    write_config(home, {"local": server.base_url}, agents)
+
+    def probe(name: str) -> str:
+        connect = f"import socket; socket.create_connection(('127.0.0.1', {port}), 5); print('connected')"
+        return (
+            f"echo inside > in.txt; echo out > {tmp_path}/escape-{name}.txt; cat {tmp_path}/outside.txt; "
+            f'echo "token=$MIBYAN_GATEWAY_TOKEN"; python3 -c "{connect}"'
+        )
+
+    for name in ("iso", "meepa"):
+        calls = [
+            ("terminal", {"command": probe(name)}),
+            ("read_file", {"path": str(tmp_path / "outside.txt")}),
+        ]
+        server.add(Reply(tool_calls=calls), Reply(text="done"))
+    with RunningGateway(home) as gateway, listener:
+        for name in ("iso", "meepa"):
+            gateway.client().chat.completions.create(model=name, messages=[{"role": "user", "content": "go"}])
+
+    (isolated, isolated_read), (plain, _) = (tool_results(server.requests[i].body) for i in (1, 3))
+    assert (home / "agents" / "iso" / "workspace" / "in.txt").read_text() == "inside\n"
+    assert not (tmp_path / "escape-iso.txt").exists() and (tmp_path / "escape-meepa.txt").exists()
+    assert "the host's file" not in isolated and "the host's file" in plain
+    assert "connected" not in isolated and "connected" in plain
+    assert TOKEN not in isolated + plain and "token=\n" in isolated
+    assert isolated_read.startswith("blocked") and "isolated" in isolated_read
