@@ -42,6 +42,7 @@ class PendingApproval:
         inbox_id: the message whose run asks.
         command: what the run wants to do.
         reason: why that needs approval.
+        said: what the run said before it asked (the question's reply starts with it).
         decided: set once answered; `approved` holds the answer.
         result: the future that receives the run's final outcome (whoever answers awaits it).
     """
@@ -50,9 +51,15 @@ class PendingApproval:
     session_id: str
     command: str
     reason: str
+    said: str = ""
     decided: threading.Event = field(default_factory=threading.Event)
     approved: bool = False
     result: asyncio.Future[Any] | None = None
+
+    def asking_text(self) -> str:
+        """The asking message's reply: what the run said before it asked, then the question."""
+        question = question_text(self.command, self.reason)
+        return f"{self.said}\n\n{question}" if self.said else question
 
 
 class ChannelApprovals:

@@ -24,7 +24,7 @@ from mibyan.agent.errors import MibyanError
 from mibyan.config.gateway import Connector
 from mibyan.config.loader import AgentSettings
 from mibyan.gateway.agents import AgentInstance, prepare_workspace
-from mibyan.gateway.approvals import ChannelApprovals, PendingApproval, answer_first_text, question_text
+from mibyan.gateway.approvals import ChannelApprovals, PendingApproval, answer_first_text
 from mibyan.gateway.ledger import InboxEntry, Ledger, Reply
 from mibyan.gateway.streaming import AnswerStream
 from mibyan.gateway.work import Delta, Inbound, Job, Outcome, ShuttingDown, UnknownAgent, channel_key
@@ -144,18 +144,12 @@ class Gateway:
             if reply is not None:
                 return Outcome(entry.id, reply.text, reply.session_id, reply.usage)
             if pending is not None and pending.inbox_id == entry.id:  # the asking message, again
-                return Outcome(
-                    entry.id, question_text(pending.command, pending.reason), pending.session_id, {}
-                )
+                return Outcome(entry.id, pending.asking_text(), pending.session_id, {})
             if entry.id in self._waiting:
                 return await asyncio.shield(self._waiting[entry.id])
         if pending is not None:
             return await self._answer(entry, key, message.text, pending)
-        outcome = await asyncio.shield(self._enqueue(entry, request, instance, on_delta, on_start))
-        notice = self.approvals.take_notice(key) if self.approvals is not None else None
-        if notice is not None and outcome.error is None and not outcome.interrupted:
-            outcome = dataclasses.replace(outcome, text=f"{notice}\n\n{outcome.text}")
-        return outcome
+        return await asyncio.shield(self._enqueue(entry, request, instance, on_delta, on_start))
 
     async def _answer(self, entry: InboxEntry, key: str, text: str, pending: PendingApproval) -> Outcome:
         """A message on a channel whose run waits for approval: the answer, or a reminder to give one."""
@@ -181,7 +175,8 @@ class Gateway:
         assert loop is not None and approvals is not None
 
         def ask(command: str, reason: str) -> str:
-            pending = PendingApproval(job.entry.id, job.session_id, command, reason)
+            said = job.stream.cut() if job.stream is not None else ""
+            pending = PendingApproval(job.entry.id, job.session_id, command, reason, said)
             loop.call_soon_threadsafe(self._post_question, job, pending)
             if pending.decided.wait(approvals.timeout):
                 return "once" if pending.approved else "deny"
@@ -200,9 +195,7 @@ class Gateway:
         self._waiting[job.entry.id] = job.future
         self.approvals.ask(job.entry.channel, pending)
         if not asker.done():
-            asker.set_result(
-                Outcome(job.entry.id, question_text(pending.command, pending.reason), job.session_id, {})
-            )
+            asker.set_result(Outcome(job.entry.id, pending.asking_text(), job.session_id, {}))
 
     def _expire_question(self, job: Job, pending: PendingApproval) -> None:
         """Event loop: nobody answered in time; once the run ends, the channel's next reply says so."""
@@ -253,6 +246,8 @@ class Gateway:
                 async with self._limit:
                     if not self._accepting:
                         raise ShuttingDown("the gateway is shutting down")
+                    if self.approvals is not None:  # a question of the previous run timed out: say so
+                        job.preface = self.approvals.take_notice(key) or ""
                     loop = asyncio.get_running_loop()
                     outcome = await loop.run_in_executor(self._pool, self._run_job, job)
                 _resolve(job, outcome)
@@ -275,7 +270,7 @@ class Gateway:
         """Worker thread: build the channel's AIAgent, run the turn, record the reply."""
         entry, instance = job.entry, job.agent
         prepare_workspace(instance.workspace)
-        stream = AnswerStream(job.on_delta)
+        stream = job.stream = AnswerStream(job.on_delta, job.preface)
         one_off = bool(job.request.get("one_off"))
         session_id = None if one_off else entry.session_id or self.ledger.channel_session(entry.channel)
         callbacks = stream.callbacks()
@@ -334,8 +329,7 @@ class Gateway:
             log.warning("message %s on %s failed: %s", entry.id, entry.channel, result["error"])
             self.ledger.set_status(entry.id, "failed")
             return Outcome(entry.id, "", session, result["usage"], error=mask_secrets(str(result["error"])))
-        final = str(result["final_response"] or "")
-        stream.finish(final)
+        final = stream.reply(str(result["final_response"] or ""))
         reply = self.ledger.record_reply(entry, final, session, result["usage"])
         return Outcome(entry.id, reply.text, session, reply.usage)
 

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from mibyan.agent.errors import MibyanError
 from mibyan.gateway.ledger import InboxEntry
+from mibyan.gateway.streaming import AnswerStream
 
 if TYPE_CHECKING:
     from mibyan.gateway.agents import AgentInstance
@@ -73,6 +74,8 @@ class Job:
     on_delta: Delta | None = None
     on_start: Delta | None = None
     session_id: str = ""
+    preface: str = ""  # what the reply starts with: a note about the channel's previous run
+    stream: AnswerStream | None = None
 
 
 def channel_key(message: Inbound) -> str:

@@ -34,6 +34,7 @@ class Reply:
         finish_reason: overrides the natural one.
         reasoning: reasoning_content to stream before the text.
         raw_arguments: the arguments text of each tool call as sent, when it must not be valid JSON.
+        after_event: called with each stream event once it is sent (to hold the stream at a point).
     """
 
     text: str | None = None
@@ -48,6 +49,7 @@ class Reply:
     chunks: int = 3
     usage: dict[str, int] = field(default_factory=lambda: {"prompt_tokens": 10, "completion_tokens": 5})
     raw_arguments: list[str] | None = None
+    after_event: Callable[[str], None] | None = None
 
 
 @dataclass
@@ -220,6 +222,8 @@ class ScriptedServer:
                         data = event.encode()
                         self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
                         self.wfile.flush()
+                        if reply.after_event is not None:
+                            reply.after_event(event)
                     if reply.cut:
                         self.close_connection = True
                         self.connection.shutdown(socket.SHUT_RDWR)

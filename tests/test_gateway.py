@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import shutil
 import threading
 import time
 import urllib.error
@@ -351,13 +352,21 @@ def test_sigterm_lets_a_running_turn_finish(gateway: RunningGateway, server: Scr
     assert gateway.process.wait(timeout=30) == 0
 
 
-def test_streaming_yields_the_text_of_the_plain_reply(
+def test_streaming_passes_the_text_on_as_the_model_writes_it_and_yields_the_plain_reply(
     gateway: RunningGateway, server: ScriptedServer
 ) -> None:
-    for _ in range(2):  # the words before a tool call are not part of the answer
+    client_has_text = threading.Event()
+    text_came_while_the_model_wrote: list[bool] = []
+
+    def hold(event: str) -> None:  # the model's stream stops after its first words, until the client has them
+        if '"content": "The' in event:
+            text_came_while_the_model_wrote.append(client_has_text.wait(30))
+
+    answer = "The harbour opens at six, and closes at ten."
+    for held in (None, hold):  # what the model says before a tool call is part of the reply, in both
         server.add(
             Reply(text="Let me look first.", tool_calls=[("todo", {"todos": []})]),
-            Reply(text="The harbour opens at six, and closes at ten.", chunks=5),
+            Reply(text=answer, chunks=5, after_event=held),
         )
     plain = ask(gateway, "when does the harbour open?", channel="plain").parse().choices[0].message.content
     stream = gateway.client().chat.completions.create(
@@ -366,12 +375,17 @@ def test_streaming_yields_the_text_of_the_plain_reply(
         stream=True,
         extra_headers={"X-Mibyan-Channel": "streamed"},
     )
-    chunks = list(stream)
+    pieces: list[str] = []
+    for event in stream:
+        pieces.extend(choice.delta.content or "" for choice in event.choices)
+        if answer[:3] in "".join(pieces):
+            client_has_text.set()
+        last = event
 
-    pieces = [c.choices[0].delta.content or "" for c in chunks if c.choices]
-    assert "".join(pieces) == plain == "The harbour opens at six, and closes at ten."
-    assert len([p for p in pieces if p]) > 1
-    assert chunks[-1].choices[0].finish_reason == "stop"
+    assert "".join(pieces) == plain == f"Let me look first.\n\n{answer}"
+    assert text_came_while_the_model_wrote == [True]
+    assert len([p for p in pieces if p]) > 2
+    assert last.choices[0].finish_reason == "stop"
 
 
 def test_without_a_channel_the_messages_are_the_whole_conversation(
@@ -391,11 +405,13 @@ def test_without_a_channel_the_messages_are_the_whole_conversation(
     assert user_texts(server.requests[1].body) == ["and now?"]
 
 
-def _post(url: str, data: bytes, token: str | None = TOKEN) -> tuple[int, dict[str, Any]]:
+def _post(
+    url: str, data: bytes | None, token: str | None = TOKEN, method: str = "POST"
+) -> tuple[int, dict[str, Any]]:
     headers = {"Content-Type": "application/json"}
     if token is not None:
         headers["Authorization"] = f"Bearer {token}"
-    request = urllib.request.Request(url, data=data, headers=headers, method="POST")
+    request = urllib.request.Request(url, data=data, headers=headers, method=method)
     try:
         with urllib.request.urlopen(request, timeout=30) as response:
             return response.status, json.loads(response.read())
@@ -450,6 +466,72 @@ def test_a_body_too_large_is_refused_before_it_is_read(gateway: RunningGateway) 
 def test_a_body_that_is_not_json_is_400(gateway: RunningGateway) -> None:
     status, payload = _post(f"{gateway.url}/chat/completions", b"{not json")
     assert (status, payload["error"]["type"]) == (400, "invalid_request_error")
+
+
+def test_unknown_routes_wrong_methods_and_our_own_failures_answer_in_openais_envelope(
+    gateway: RunningGateway, server: ScriptedServer
+) -> None:
+    chat = f"{gateway.url}/chat/completions"
+    body = json.dumps({"model": "meepa", "messages": [{"role": "user", "content": "hi"}]}).encode()
+    folder = gateway.home / "agents" / "meepa"
+    shutil.rmtree(folder)
+    folder.write_text("a file where the agent's folder should be")  # the run cannot make its workspace
+
+    answers = [
+        _post(f"{gateway.url}/nowhere", body),
+        _post(chat, None, method="GET"),
+        _post(chat, body),
+    ]
+
+    assert [(status, payload["error"]["code"]) for status, payload in answers] == [
+        (404, "not_found"),
+        (405, "method_not_allowed"),
+        (500, "internal_error"),
+    ]
+    assert all(set(payload["error"]) == {"message", "type", "code"} for _, payload in answers)
+    assert gateway.terminate() == 0
+    assert "Traceback" not in "".join(gateway.lines)
+    assert "NotADirectoryError" in (gateway.home / "logs" / "gateway.log").read_text()
+
+
+def test_a_reply_the_client_hung_up_on_is_not_marked_sent_and_its_retry_collects_it(
+    server: ScriptedServer, home: Path
+) -> None:
+    write_config(home, {"local": server.base_url}, [MEEPA])
+    hung_up = threading.Event()
+
+    def reply(body: dict[str, Any]) -> Reply:
+        hung_up.wait(30)
+        return Reply(text="kept for you")
+
+    server.default = reply
+    gateway = RunningGateway(home)
+    address = urllib.parse.urlsplit(gateway.url)
+    connection = http.client.HTTPConnection(address.hostname, address.port, timeout=30)
+    body = json.dumps({"model": "meepa", "messages": [{"role": "user", "content": "a long one"}]})
+    headers = {"Authorization": f"Bearer {TOKEN}", "X-Mibyan-Channel": "olga", "Idempotency-Key": "k-1"}
+    connection.request("POST", "/v1/chat/completions", body, headers)
+    assert server.wait_for_requests(1)
+    connection.close()  # the client gives up while the model works
+    hung_up.set()
+    assert gateway.terminate() == 0  # once the run has ended and its reply is recorded
+    assert outbox_states(home) == ["pending"]
+
+    with RunningGateway(home) as restarted:
+        retried = ask(restarted, "a long one", channel="olga", key="k-1")
+        assert restarted.terminate() == 0
+
+    assert retried.parse().choices[0].message.content == "kept for you"
+    assert len(server.requests) == 1
+    assert outbox_states(home) == ["sent"]
+
+
+def outbox_states(home: Path) -> list[str]:
+    store = SessionStore.open(home)
+    try:
+        return [str(row[0]) for row in store.query("SELECT status FROM gateway_outbox ORDER BY id")]
+    finally:
+        store.close()
 
 
 def test_a_failing_provider_is_502(gateway: RunningGateway, server: ScriptedServer) -> None:

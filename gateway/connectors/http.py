@@ -14,6 +14,7 @@ import contextlib
 import hmac
 import ipaddress
 import json
+import logging
 import os
 import socket
 import time
@@ -23,6 +24,8 @@ from typing import Any
 
 import uvicorn
 from starlette.applications import Starlette
+from starlette.background import BackgroundTask
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -33,6 +36,7 @@ from mibyan.gateway.ledger import Reply
 from mibyan.gateway.runner import Gateway
 from mibyan.gateway.work import Inbound, Outcome, ShuttingDown, UnknownAgent
 
+log = logging.getLogger("mibyan.gateway")
 _ROLES = frozenset({"system", "user", "assistant", "tool"})
 _KEPT_KEYS = ("role", "content", "tool_calls", "tool_call_id", "name")
 _CHANNEL_MAX = 200
@@ -195,7 +199,8 @@ class HttpConnector:
                 Route("/health", self._health, methods=["GET"]),
                 Route("/v1/models", self._models, methods=["GET"]),
                 Route("/v1/chat/completions", self._chat, methods=["POST"]),
-            ]
+            ],
+            exception_handlers={HTTPException: _http_error},
         )
 
     async def start(self) -> None:
@@ -296,18 +301,23 @@ class HttpConnector:
             return await self._stream(inbound, instance.id)
         try:
             outcome = await self.gateway.submit(inbound)
-        except ShuttingDown as exc:
-            return error(503, str(exc), "server_error", "shutting_down")
-        except MibyanError as exc:  # the agent could not be built or stored (its log line has the cause)
-            return error(500, str(exc), "server_error", "internal_error")
+        except Exception as exc:  # the run's failure, as an error response
+            return _run_error(exc)
         failed = _failure(outcome)
         if failed is not None:
             return failed
-        response = JSONResponse(
-            completion(outcome, instance.id), headers={"X-Mibyan-Session": outcome.session_id}
+        # marked sent once written, and not at all for a client that hung up during the run: its reply
+        # stays pending in the ledger, and the client's retry (same Idempotency-Key) collects it
+        sent = (
+            None
+            if await request.is_disconnected()
+            else BackgroundTask(self.gateway.delivered, outcome.inbox_id)
         )
-        await self.gateway.delivered(outcome.inbox_id)
-        return response
+        return JSONResponse(
+            completion(outcome, instance.id),
+            headers={"X-Mibyan-Session": outcome.session_id},
+            background=sent,
+        )
 
     async def _stream(self, inbound: Inbound, model: str) -> Response:
         """Stream the answer as chat.completion.chunk events.
@@ -332,10 +342,8 @@ class HttpConnector:
             first.cancel()
             try:
                 outcome = run.result()
-            except ShuttingDown as exc:
-                return error(503, str(exc), "server_error", "shutting_down")
-            except MibyanError as exc:
-                return error(500, str(exc), "server_error", "internal_error")
+            except Exception as exc:  # the run's failure, as an error response
+                return _run_error(exc)
             failed = _failure(outcome)
             if failed is not None:
                 return failed
@@ -358,11 +366,9 @@ class HttpConnector:
                     getter.cancel()
             try:
                 outcome = run.result()
-            except ShuttingDown as exc:
-                yield _error_event(str(exc), "shutting_down")
-                return
-            except MibyanError as exc:
-                yield _error_event(str(exc), "internal_error")
+            except Exception as exc:  # the run's failure, as the stream's last event
+                _, message, code = _run_failure(exc)
+                yield _error_event(message, code)
                 return
             if outcome.error is not None:
                 yield _error_event(f"the model provider failed: {outcome.error}", "provider_failed")
@@ -370,7 +376,12 @@ class HttpConnector:
             if outcome.interrupted:
                 yield _error_event("the gateway is shutting down; repeat the request", "shutting_down")
                 return
-            if outcome.text.startswith(streamed) and outcome.text != streamed:
+            if not outcome.text.startswith(streamed):  # a retried model call said something else
+                yield _error_event(
+                    "the answer changed while it streamed; ask again for all of it", "restarted"
+                )
+                return
+            if outcome.text != streamed:
                 yield chunk(chunk_id, model, {"content": outcome.text[len(streamed) :]})
             yield chunk(chunk_id, model, {}, finish="stop")
             yield "data: [DONE]\n\n"
@@ -378,6 +389,36 @@ class HttpConnector:
 
         headers = {"Cache-Control": "no-cache", "X-Mibyan-Session": session[0] if session else ""}
         return StreamingResponse(events(), media_type="text/event-stream", headers=headers)
+
+
+def _run_failure(exc: Exception) -> tuple[int, str, str]:
+    """Status, message and code for a run that raised: stopping (503), or a failure of ours (500)."""
+    if isinstance(exc, ShuttingDown):
+        return 503, str(exc), "shutting_down"
+    if isinstance(exc, MibyanError):  # the agent could not be built or stored (its log line has the cause)
+        return 500, str(exc), "internal_error"
+    log.error("a run failed", exc_info=exc)
+    return 500, "the gateway failed on this request (its log has the cause)", "internal_error"
+
+
+def _run_error(exc: Exception) -> JSONResponse:
+    status, message, code = _run_failure(exc)
+    return error(status, message, "server_error", code)
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    """Starlette's own errors (unknown route, wrong method) in OpenAI's envelope."""
+    status = exc.status_code if isinstance(exc, HTTPException) else 500
+    if status == 405:
+        return error(
+            405,
+            f"{request.method} is not allowed on {request.url.path}",
+            "invalid_request_error",
+            "method_not_allowed",
+        )
+    if status == 404:
+        return error(404, f"no route {request.url.path}", "invalid_request_error", "not_found")
+    return error(status, str(getattr(exc, "detail", "") or "error"), "invalid_request_error", "bad_request")
 
 
 def _error_event(message: str, code: str) -> str:
