@@ -40,6 +40,7 @@ def test_agents_work_in_their_own_workspaces_and_never_reach_each_others(
                 ("write_file", {"path": "../../meepa/workspace/notes.txt", "content": "overwritten"}),
                 ("terminal", {"command": f"grep -rs pelican {tmp_path}; echo mine > mine.txt"}),
                 ("terminal", {"command": f"head -c 100 {home}/state.db"}),
+                ("search_files", {"pattern": "pelican", "path": str(tmp_path)}),
                 ("session_search", {"query": "pelican"}),
                 ("delegate_task", {"goal": "find meepa's code"}),
             ]
@@ -69,9 +70,10 @@ def test_agents_work_in_their_own_workspaces_and_never_reach_each_others(
     assert not any((tmp_path / name).exists() for name in ("notes.txt", "shell.txt", "mine.txt"))
     child_read, _ = tool_results(server.requests[5].body)
     assert child_read.startswith("blocked") and (bob_files / "from-child.txt").read_text() == "child"
-    relative, absolute, written, grep, database, search, _ = tool_results(server.requests[6].body)
+    relative, absolute, written, grep, database, found, search, _ = tool_results(server.requests[6].body)
     assert all(r.startswith("blocked") for r in (relative, absolute, written, database)), database
     assert "pelican" not in grep and "[exit code" in grep  # it ran: the sandbox hides the home's contents
+    assert found == "no matches"  # the search walked past the home's other parts
     assert search == "no matches"
     other_channel, own_channel = (tool_results(server.requests[i].body)[-1] for i in (8, 10))
     assert other_channel == "no matches"

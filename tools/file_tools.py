@@ -221,9 +221,20 @@ def patch(path: str, old: str, new: str) -> str:
 _SKIP_DIRS = {".git", ".hg", ".svn", "node_modules", "__pycache__", ".venv", "venv", ".mypy_cache"}
 
 
+_OFF_LIMITS = ("secret_read", "sealed_home", "isolated")
+
+
 def _walk(root: Path) -> Iterator[Path]:
+    """The files under `root`, past the folders a search skips and those this agent may not read."""
+    bound = context.current()
+    confined = bound is not None and (bound.agent_folder is not None or bound.isolated)
     for folder, dirs, files in os.walk(root):
-        dirs[:] = sorted(d for d in dirs if d not in _SKIP_DIRS)
+        dirs[:] = sorted(
+            d
+            for d in dirs
+            if d not in _SKIP_DIRS
+            and not (confined and _judge(os.path.join(folder, d), "read").verdict.key in _OFF_LIMITS[1:])
+        )
         for name in sorted(files):
             yield Path(folder) / name
 
@@ -256,7 +267,17 @@ def _search_with_ripgrep(pattern: str, root: str, glob: str | None, cap: int) ->
 def _off_limits(file: Path) -> bool:
     """A file a search walks past without opening: a link (as ripgrep does), a pipe or device (which
     could block the search), or a place of secrets."""
-    return file.is_symlink() or not file.is_file() or _judge(str(file), "read").verdict.key == "secret_read"
+    return file.is_symlink() or not file.is_file() or _judge(str(file), "read").verdict.key in _OFF_LIMITS
+
+
+def _reaches_sealed_places(root: Path) -> bool:
+    """Whether a search from `root` would pass through parts of the home this agent may not read
+    (ripgrep cannot be told which, so the search walks itself)."""
+    bound = context.current()
+    if bound is None or bound.agent_folder is None or bound.home is None:
+        return False
+    home = Path(os.path.realpath(bound.home))
+    return str(home).startswith(str(root).rstrip("/") + "/")
 
 
 def _capped(lines: list[str], cap: int) -> str:
@@ -299,7 +320,11 @@ def search_files(pattern: str = "", path: str = ".", glob: str | None = None, ma
         regex = re.compile(pattern)
     except re.error as exc:
         raise ToolError(f"invalid regular expression: {exc}") from None
-    fast = _search_with_ripgrep(pattern, str(root), glob, max_results)
+    fast = (
+        None
+        if _reaches_sealed_places(resolved)
+        else _search_with_ripgrep(pattern, str(root), glob, max_results)
+    )
     if fast is not None:
         return fast
     hits: list[str] = []
