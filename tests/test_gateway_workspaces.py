@@ -38,7 +38,11 @@ def test_agents_work_in_their_own_workspaces_and_never_reach_each_others(
                 ("read_file", {"path": "../../meepa/workspace/notes.txt"}),
                 ("read_file", {"path": str(notes)}),
                 ("write_file", {"path": "../../meepa/workspace/notes.txt", "content": "overwritten"}),
-                ("terminal", {"command": f"grep -rs pelican {tmp_path}; echo mine > mine.txt"}),
+                (
+                    "terminal",
+                    {"command": f"grep -rs pelican {tmp_path}; echo mine > mine.txt; echo h=$MIBYAN_HOME"},
+                ),
+                ("terminal", {"command": "cat notes.txt", "workdir": str(meepa_files)}),
                 ("terminal", {"command": f"head -c 100 {home}/state.db"}),
                 ("search_files", {"pattern": "pelican", "path": str(tmp_path)}),
                 ("session_search", {"query": "pelican"}),
@@ -70,9 +74,12 @@ def test_agents_work_in_their_own_workspaces_and_never_reach_each_others(
     assert not any((tmp_path / name).exists() for name in ("notes.txt", "shell.txt", "mine.txt"))
     child_read, _ = tool_results(server.requests[5].body)
     assert child_read.startswith("blocked") and (bob_files / "from-child.txt").read_text() == "child"
-    relative, absolute, written, grep, database, found, search, _ = tool_results(server.requests[6].body)
-    assert all(r.startswith("blocked") for r in (relative, absolute, written, database)), database
+    relative, absolute, written, grep, elsewhere, database, found, search, _ = tool_results(
+        server.requests[6].body
+    )
+    assert all(r.startswith("blocked") for r in (relative, absolute, written, elsewhere, database)), database
     assert "pelican" not in grep and "[exit code" in grep  # it ran: the sandbox hides the home's contents
+    assert "h=\n" in grep  # nor does the environment say where the home is
     assert found == "no matches"  # the search walked past the home's other parts
     assert search == "no matches"
     other_channel, own_channel = (tool_results(server.requests[i].body)[-1] for i in (8, 10))

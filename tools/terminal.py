@@ -6,8 +6,9 @@ they run unconfined. One call may ask to run outside the sandbox (`outside_sandb
 dangerous call of its own kind, which the user answers every time.
 
 A gateway agent's commands (the tool context names an agent folder) run from its workspace, without
-the variables that hold the gateway's secrets (API keys, tokens, passwords): the people it serves are
-not the person who configured it. An isolated sandbox starts from an empty environment anyway.
+the variables that hold the gateway's secrets (API keys, tokens, passwords) or name mibyan's home: the
+people it serves are not the person who configured it. It may not run in a part of the home not its
+own. An isolated sandbox starts from an empty environment anyway.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from mibyan.tools.approval import Verdict, classify_command, outside_sandbox
 from mibyan.tools.registry import tool
 from mibyan.tools.sandbox import Launch, Sandbox
 
-_SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH", re.IGNORECASE)
+_SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH|^MIBYAN_", re.IGNORECASE)
 _KEEP_BYTES = 512 * 1024  # of output, kept from each end; the middle of a flood is dropped
 _KILL_GRACE = 0.5
 
@@ -43,7 +44,11 @@ def terminal_verdict(args: dict[str, Any]) -> Verdict:
     sandbox = _sandbox()
     workdir = args.get("workdir")
     # judged in the directory it will run in, so a relative target means the file it will write
-    verdict = classify_command(str(args.get("command", "")), cwd=_run_directory(sandbox, workdir))
+    where = _run_directory(sandbox, workdir)
+    refused = _out_of_reach(where)
+    if refused is not None:
+        return refused
+    verdict = classify_command(str(args.get("command", "")), cwd=where)
     if args.get("outside_sandbox") and verdict.tier != "hardline" and sandbox is not None and sandbox.active:
         return outside_sandbox(verdict)
     return verdict
@@ -56,6 +61,20 @@ def _run_directory(sandbox: Sandbox | None, workdir: object) -> Path:
         sandbox.workdir if sandbox is not None else (current.working_directory() if current else Path.cwd())
     )
     return base / Path(str(workdir)).expanduser() if workdir else base
+
+
+def _out_of_reach(where: Path) -> Verdict | None:
+    """A run directory a gateway agent may not use: a part of the home not its own, or for an isolated
+    agent anywhere outside its workspace."""
+    from mibyan.tools.protected import sealed_reason
+
+    current = context.current()
+    if current is None or current.home is None:
+        return None
+    if current.isolated and not where.resolve().is_relative_to(current.working_directory()):
+        return Verdict("hardline", f"runs in {where}, outside this isolated agent's workspace", "isolated")
+    sealed = sealed_reason(where, home=current.home, agent_folder=current.agent_folder)
+    return Verdict("hardline", f"runs in {sealed}", "sealed_home") if sealed is not None else None
 
 
 def _environment() -> dict[str, str] | None:
