@@ -13,6 +13,7 @@ import pytest
 import yaml
 from conftest import ROOT, run_cli
 from gatewaying import TOKEN, write_config
+from sandboxing import needs_bwrap
 
 from agent_state import SessionStore
 from mibyan.config.loader import load_settings
@@ -62,6 +63,18 @@ def test_a_broken_gateway_configuration_is_one_line_and_exit_2(
     assert done.returncode == 2
     assert done.stderr.count("\n") == 1 and named in done.stderr, done.stderr
     assert "Traceback" not in done.stderr
+
+
+@needs_bwrap
+def test_an_isolated_agent_where_bubblewrap_cannot_run_stops_the_gateway(home: Path, tmp_path: Path) -> None:
+    write_config(home, LOCAL, [{**MEEPA, "isolation": {"enabled": True}}])
+    assert check(home).returncode == 0
+
+    done = check(home, PATH=str(tmp_path))  # no bwrap on this PATH
+
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1 and "agents (meepa): isolation" in done.stderr
+    assert "bubblewrap" in done.stderr
 
 
 def test_a_missing_token_says_which_variable_to_set(home: Path) -> None:
