@@ -36,20 +36,34 @@ def timed_true(sandbox: Sandbox | None) -> float:
 def main(runs: int = 30) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
-        for backend in ("bubblewrap", "landlock"):
+        home = workdir / "home"
+        variants = {
+            "bubblewrap": {"backend": "bubblewrap"},
+            "landlock": {"backend": "landlock"},
+            # a gateway agent's: the home hidden; isolated: a fresh root, no network
+            "bubblewrap, home hidden": {"backend": "bubblewrap", "hidden": [home]},
+            "bubblewrap, isolated": {
+                "backend": "bubblewrap",
+                "hidden": [home],
+                "isolated": True,
+                "network": False,
+            },
+        }
+        home.mkdir()
+        for label, options in variants.items():
             try:
-                sandbox = Sandbox("workspace-write", workdir, protected=[workdir / "home"], backend=backend)
+                sandbox = Sandbox("workspace-write", workdir, protected=[home], **options)  # type: ignore[arg-type]
             except ConfigError as exc:  # a backend this machine lacks is reported, not measured
-                print(f"terminal `true` in the sandbox ({backend}): not measured: {exc}")
+                print(f"terminal `true` in the sandbox ({label}): not measured: {exc}")
                 continue
             confined: list[float] = []
             plain: list[float] = []
             for _ in range(runs):  # alternate, so drift in the machine's load hits both alike
                 confined.append(timed_true(sandbox))
                 plain.append(timed_true(None))
-            show(f"terminal `true` in the sandbox ({backend})", confined, plain)
+            show(f"terminal `true` in the sandbox ({label})", confined, plain)
             extra = [c - p for c, p in zip(confined, plain, strict=True)]
-            show(f"  extra time of the sandbox ({backend})", extra, [EXTRA_FLOOR_MS])
+            show(f"  extra time of the sandbox ({label})", extra, [EXTRA_FLOOR_MS])
 
 
 if __name__ == "__main__":
