@@ -98,6 +98,11 @@ async def _serve(settings: AgentSettings, home: Path) -> int:
     resumed = await gateway.resume()
     if resumed:
         log.info("resumed %d message(s) left unanswered by the last run", resumed)
+    for instance in gateway.agents.values():
+        warning = instance.sandbox_warning()
+        if warning is not None:  # commands confined less than the configuration asks
+            _say(f"warning: agent {instance.id}: {warning}")
+            log.warning("agent %s: %s", instance.id, warning)
     for connector in connectors:
         await connector.start()
         _say(f"{connector.name} ({connector.kind}) on {connector.url}")

@@ -10,7 +10,6 @@ sandbox holding only its workspace. The session store stays the home's state.db,
 
 from __future__ import annotations
 
-import logging
 import os
 import subprocess
 from dataclasses import dataclass
@@ -27,7 +26,6 @@ if TYPE_CHECKING:
     from run_agent import AIAgent
 
 WORKSPACE_FILES = ("SOUL.md", "USER.md", "MEMORY.md")
-log = logging.getLogger("mibyan.gateway")
 
 
 def workspace_of(home: Path, agent_id: str) -> Path:
@@ -134,11 +132,12 @@ class AgentInstance:
         self._check_sandbox()
 
     def _check_sandbox(self) -> None:
-        """An isolated agent needs a bubblewrap that runs here; a confinement gap is logged."""
+        """An isolated agent needs a bubblewrap that runs here."""
         try:
             sandbox = self.sandbox()
         except ConfigError as exc:
-            raise ConfigError(f"agents ({self.entry.id}): isolation: {exc}") from None
+            where = "isolation: " if self.entry.isolation.enabled else ""
+            raise ConfigError(f"agents ({self.entry.id}): {where}{exc}") from None
         if self.entry.isolation.enabled:
             probe = sandbox.launch(["true"], cwd="/")
             done = subprocess.run(probe.argv, capture_output=True, text=True, check=False, timeout=30)
@@ -147,9 +146,10 @@ class AgentInstance:
                     done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"exit {done.returncode}"
                 )
                 raise ConfigError(f"agents ({self.entry.id}): isolation: bubblewrap cannot run here ({why})")
-        warning = sandbox.warning()
-        if warning is not None:
-            log.warning("agent %s: %s", self.entry.id, warning)
+
+    def sandbox_warning(self) -> str | None:
+        """What the agent's sandbox cannot do here (no backend, say), for the start lines."""
+        return self.sandbox().warning()
 
     def build(self, *, session_id: str | None, **callbacks: Any) -> AIAgent:
         """An AIAgent for one run on one channel (`session_id` continues the channel's session).

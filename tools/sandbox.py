@@ -186,14 +186,16 @@ class Sandbox:
         if self.backend != "landlock":
             return None
         gaps = [str(p) for p in self.read_only_places()]
-        gaps += [f"{p} from being read" for p in self.hidden]
         if self.has_network and not self.network:
             gaps.append("the network (this kernel's Landlock cannot take it away)")
         elif not self.network:
             gaps.append("the network beyond TCP (Landlock cannot stop UDP, DNS among it)")
-        if not gaps:
+        clauses = [f"protect {', '.join(gaps)}"] if gaps else []
+        if self.hidden:
+            clauses.append(f"hide {', '.join(str(p) for p in self.hidden)} from commands")
+        if not clauses:
             return None
-        return f"the sandbox (Landlock) cannot protect {', '.join(gaps)}; install bubblewrap for that"
+        return f"the sandbox (Landlock) cannot {' or '.join(clauses)}; install bubblewrap for that"
 
     def writable_places(self) -> list[Path]:
         """Where a confined command may write (for workspace-write; read-only has none)."""
