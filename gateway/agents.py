@@ -26,6 +26,8 @@ if TYPE_CHECKING:
     from run_agent import AIAgent
 
 WORKSPACE_FILES = ("SOUL.md", "USER.md", "MEMORY.md")
+#: What an isolated agent without network lacks: tools that reach the network from outside its sandbox.
+OFFLINE_DENIED = ("web_fetch",)
 
 
 def workspace_of(home: Path, agent_id: str) -> Path:
@@ -170,7 +172,10 @@ class AgentInstance:
             home=self.home,
             source="gateway",
             yolo=False,
-            denied_tools=tools.deny if not tools.allow else self._denied_by_allow_list(),
+            denied_tools=[
+                *(tools.deny if not tools.allow else self._denied_by_allow_list()),
+                *self._offline_tools(),
+            ],
             workspace=self.workspace,
             workdir=self.workdir,
             sandbox=self.sandbox(),
@@ -190,7 +195,7 @@ class AgentInstance:
         schemas = get_tool_definitions(
             tools.toolsets or self.settings.tools.toolsets,
             allow=tools.allow,
-            deny=[*self.settings.tools.deny, *tools.deny],
+            deny=[*self.settings.tools.deny, *tools.deny, *self._offline_tools()],
         )
         skills = discover_skills(self.workspace, self.workspace)
         lines = [
@@ -220,6 +225,11 @@ class AgentInstance:
         path = self.workspace / "AGENTS.md"
         write_private(path, ("\n".join(lines) + "\n").encode())
         return path
+
+    def _offline_tools(self) -> tuple[str, ...]:
+        """Tools that use the network from the gateway's process: not for an isolated agent without it."""
+        isolation = self.entry.isolation
+        return OFFLINE_DENIED if isolation.enabled and not isolation.network else ()
 
     def _workspace_lines(self) -> list[str]:
         lines = [

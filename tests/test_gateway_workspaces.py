@@ -115,6 +115,8 @@ def test_an_isolated_agents_commands_reach_only_its_workspace_and_no_network(
             gateway.client().chat.completions.create(model=name, messages=[{"role": "user", "content": "go"}])
 
     (isolated, isolated_read), (plain, _) = (tool_results(server.requests[i].body) for i in (1, 3))
+    offered = [{tool["function"]["name"] for tool in server.requests[i].body["tools"]} for i in (0, 2)]
+    assert "web_fetch" not in offered[0] and "web_fetch" in offered[1]  # no network from outside it either
     assert (home / "agents" / "iso" / "workspace" / "in.txt").read_text() == "inside\n"
     assert not (tmp_path / "escape-iso.txt").exists() and (tmp_path / "escape-meepa.txt").exists()
     assert "the host's file" not in isolated and "the host's file" in plain
