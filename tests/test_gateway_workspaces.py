@@ -108,13 +108,14 @@ def test_an_isolated_agents_commands_reach_only_its_workspace_and_no_network(
         calls = [
             ("terminal", {"command": probe(name)}),
             ("read_file", {"path": str(tmp_path / "outside.txt")}),
+            ("terminal", {"command": "echo escaped", "outside_sandbox": True}),
         ]
         server.add(Reply(tool_calls=calls), Reply(text="done"))
     with RunningGateway(home) as gateway, listener:
         for name in ("iso", "meepa"):
             gateway.client().chat.completions.create(model=name, messages=[{"role": "user", "content": "go"}])
 
-    (isolated, isolated_read), (plain, _) = (tool_results(server.requests[i].body) for i in (1, 3))
+    (isolated, isolated_read, escape), (plain, _, _) = (tool_results(server.requests[i].body) for i in (1, 3))
     offered = [{tool["function"]["name"] for tool in server.requests[i].body["tools"]} for i in (0, 2)]
     assert "web_fetch" not in offered[0] and "web_fetch" in offered[1]  # no network from outside it either
     assert (home / "agents" / "iso" / "workspace" / "in.txt").read_text() == "inside\n"
@@ -123,3 +124,4 @@ def test_an_isolated_agents_commands_reach_only_its_workspace_and_no_network(
     assert "connected" not in isolated and "connected" in plain
     assert TOKEN not in isolated + plain and "token=\n" in isolated
     assert isolated_read.startswith("blocked") and "isolated" in isolated_read
+    assert escape.startswith("blocked") and "escaped" not in escape

@@ -8,7 +8,7 @@ dangerous call of its own kind, which the user answers every time.
 A gateway agent's commands (the tool context names an agent folder) run from its workspace, without
 the variables that hold the gateway's secrets (API keys, tokens, passwords) or name mibyan's home: the
 people it serves are not the person who configured it. It may not run in a part of the home not its
-own. An isolated sandbox starts from an empty environment anyway.
+own, nor outside its sandbox. An isolated sandbox starts from an empty environment anyway.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def terminal_verdict(args: dict[str, Any]) -> Verdict:
     workdir = args.get("workdir")
     # judged in the directory it will run in, so a relative target means the file it will write
     where = _run_directory(sandbox, workdir)
-    refused = _out_of_reach(where)
+    refused = _out_of_reach(where, escape=bool(args.get("outside_sandbox")))
     if refused is not None:
         return refused
     verdict = classify_command(str(args.get("command", "")), cwd=where)
@@ -63,14 +63,19 @@ def _run_directory(sandbox: Sandbox | None, workdir: object) -> Path:
     return base / Path(str(workdir)).expanduser() if workdir else base
 
 
-def _out_of_reach(where: Path) -> Verdict | None:
-    """A run directory a gateway agent may not use: a part of the home not its own, or for an isolated
+def _out_of_reach(where: Path, *, escape: bool) -> Verdict | None:
+    """What a gateway agent's command may not do: run outside its sandbox (whoever answers in the channel
+    is not the person who set the gateway up), or in a part of the home not its own, or for an isolated
     agent anywhere outside its workspace."""
     from mibyan.tools.protected import sealed_reason
 
     current = context.current()
     if current is None or current.home is None:
         return None
+    if escape and current.agent_folder is not None:
+        return Verdict(
+            "hardline", "runs outside the sandbox, which a gateway agent never does", "sealed_home"
+        )
     if current.isolated and not where.resolve().is_relative_to(current.working_directory()):
         return Verdict("hardline", f"runs in {where}, outside this isolated agent's workspace", "isolated")
     sealed = sealed_reason(where, home=current.home, agent_folder=current.agent_folder)
