@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from mibyan.tools import context
-from mibyan.tools.approval import SAFE, Verdict
+from mibyan.tools.approval import SAFE, Tier, Verdict
 from mibyan.tools.command_paths import judge_write_word
 from mibyan.tools.command_reader import WordReader
 from mibyan.tools.command_rules import KNOWN_NAMES, judge_invocation
@@ -219,8 +219,10 @@ class CommandJudge:
             for path in self.resolve(text):
                 reason = secret_reason(path, cwd=self.cwds[0])
                 if reason is not None:
+                    # a gateway agent's user is not the person whose secrets these are: never
+                    tier: Tier = "hardline" if self._agent_folder is not None else "dangerous"
                     found.append(
-                        Verdict("dangerous", f"reads or changes {reason}", "secret_file", ask_every_time=True)
+                        Verdict(tier, f"reads or changes {reason}", "secret_file", ask_every_time=True)
                     )
                     break
         return found

@@ -13,8 +13,9 @@ points at ~/.ssh/id_rsa is judged as ~/.ssh/id_rsa. A working directory that is 
 the home folder frees nothing, since it would free the whole machine or every dotfile.
 
 A gateway agent (`agent_folder`) works in its workspace inside the home: that one folder of the home is
-free for it, and the rest of the home (other agents, state.db, config.yaml) is hardline even to read. An
-isolated agent's tools touch nothing outside its workspace at all.
+free for it, and the rest of the home (other agents, state.db, config.yaml) is hardline even to read, as
+are the places of secrets (no one in a channel may approve reading the host's keys). An isolated
+agent's tools touch nothing outside its workspace at all.
 """
 
 from __future__ import annotations
@@ -200,6 +201,9 @@ def judge_path(
     shown = str(target) if target == plain else f"{path} → {target}"
     confined = _confined(target, plain, access, home, where, agent_folder, isolated)
     verdict = confined or _verdict(target, plain, access, home, where, protected, path, agent_folder)
+    if agent_folder is not None and verdict.key.startswith("secret_"):
+        # whoever answers in a gateway's channel is not the person whose keys these are
+        verdict = Verdict("hardline", verdict.reason, verdict.key)
     return PathJudgement(verdict, target, shown)
 
 
