@@ -78,7 +78,8 @@ def check_arguments(spec: ToolSpec, args: dict[str, Any]) -> None:
     """Reject arguments the schema does not allow, with a message the model can act on."""
     properties = spec.schema.parameters.get("properties", {})
     unknown = sorted(set(args) - set(properties))
-    if unknown:
+    # built-in tools never take more; an MCP server's schema may allow more, and the server checks them
+    if unknown and spec.schema.parameters.get("additionalProperties", True) is False:
         raise ToolError(
             f"unknown argument(s) {', '.join(unknown)}; {spec.name} takes: "
             f"{', '.join(properties) or 'no arguments'}"

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from mibyan.agent.hooks import Hooks
     from mibyan.agent.providers import ProviderRuntime
     from mibyan.tools.approval import ApprovalPolicy
+    from mibyan.tools.mcp_connections import McpConnections
     from mibyan.tools.sandbox import Sandbox
 
 __all__ = ["AIAgent"]
@@ -72,10 +73,14 @@ class AIAgent(
         sandbox: confine commands with this sandbox instead of the one `sandbox:` configures.
         max_tool_failures: consecutive failures of one tool before the model is told to change course
             (`agent.max_tool_failures`, default 3).
+        mcp_servers: more MCP servers for this agent, by name, in the shape of `mcp_servers:` in the
+            configuration (an editor's servers, say), joined to the configured ones.
+        mcp_connections: the running MCP servers of another agent to use instead of starting the
+            configured ones (a subagent shares its parent's); the other agent stays their owner.
         **callbacks: the callbacks of `agent.callbacks.Callbacks`, by name.
 
     Use it as a context manager (`with AIAgent(...) as agent:`), or call `close()` when done: it holds a
-    database connection and HTTP connections.
+    database connection, HTTP connections and the processes of its MCP servers.
 
     Raises:
         ConfigError: a broken configuration or a missing key, as one line naming the file and key.
@@ -102,6 +107,8 @@ class AIAgent(
         max_tool_failures: int | None = None,
         workdir: str | os.PathLike[str] | None = None,
         sandbox: Sandbox | None = None,
+        mcp_servers: dict[str, dict[str, Any]] | None = None,
+        mcp_connections: McpConnections | None = None,
         **callbacks: Any,
     ) -> None:
         init_agent(
@@ -125,6 +132,8 @@ class AIAgent(
             max_tool_failures=max_tool_failures,
             workdir=workdir,
             sandbox=sandbox,
+            mcp_servers=mcp_servers,
+            mcp_connections=mcp_connections,
             callbacks=callbacks,
         )
 

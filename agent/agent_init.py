@@ -18,6 +18,8 @@ from mibyan.config.paths import write_private
 
 if TYPE_CHECKING:
     from mibyan.agent.skills import SemanticMatcher
+    from mibyan.tools.mcp_connections import McpConnections
+    from mibyan.tools.mcp_tools import McpToolset
     from mibyan.tools.sandbox import Sandbox
     from run_agent import AIAgent
 
@@ -31,6 +33,7 @@ def settings_overrides(
     enabled_toolsets: list[str] | None,
     fallback_providers: list[dict[str, Any]] | None,
     max_tool_failures: int | None = None,
+    mcp_servers: dict[str, dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Constructor arguments in the shape of the configuration files (the last layer)."""
     if max_iterations is not None and max_iterations < 1:
@@ -54,6 +57,8 @@ def settings_overrides(
         overrides["tools"] = {"toolsets": list(enabled_toolsets)}
     if fallback_providers is not None:
         overrides["fallback_providers"] = list(fallback_providers)
+    if mcp_servers:
+        overrides["mcp_servers"] = dict(mcp_servers)
     return overrides
 
 
@@ -78,6 +83,8 @@ def init_agent(
     workspace: str | os.PathLike[str] | None,
     max_tool_failures: int | None,
     callbacks: dict[str, Any],
+    mcp_servers: dict[str, dict[str, Any]] | None = None,
+    mcp_connections: McpConnections | None = None,
     workdir: str | os.PathLike[str] | None = None,
     sandbox: Sandbox | None = None,
 ) -> None:
@@ -102,6 +109,7 @@ def init_agent(
         enabled_toolsets=enabled_toolsets,
         fallback_providers=fallback_providers,
         max_tool_failures=max_tool_failures,
+        mcp_servers=mcp_servers,
     )
     home_path = Path(home) if home is not None else mibyan_home()
     settings = load_settings(home=home_path, overrides=overrides)
@@ -136,12 +144,9 @@ def init_agent(
     agent.sandbox = sandbox or make_sandbox(
         settings, home_path, agent.callbacks, source=source, workdir=agent.workdir
     )
+    denied = [*settings.tools.deny, *(denied_tools or [])]
     agent.tools = ToolRuntime(
-        schemas=get_tool_definitions(
-            settings.tools.toolsets,
-            allow=settings.tools.allow,
-            deny=[*settings.tools.deny, *(denied_tools or [])],
-        ),
+        schemas=get_tool_definitions(settings.tools.toolsets, allow=settings.tools.allow, deny=denied),
         approvals=ApprovalPolicy(
             ask=agent.callbacks.approval_callback,
             yolo=yolo,
@@ -159,7 +164,37 @@ def init_agent(
     agent.prompt = PromptState(skill_matcher=make_skill_matcher(settings))
     agent._running = threading.Lock()
     agent._closed = False
-    open_session(agent, session_id, source=source)
+    agent.tools.mcp = start_mcp(settings, agent, mcp_connections, deny=denied)
+    try:
+        open_session(agent, session_id, source=source)
+    except BaseException:
+        agent.tools.close()  # the MCP servers it started
+        raise
+
+
+def start_mcp(
+    settings: AgentSettings, agent: AIAgent, shared: McpConnections | None, *, deny: list[str]
+) -> McpToolset | None:
+    """The agent's MCP tools: `shared` connections (a subagent's parent's), else its configured servers
+    (started in the background: see McpConnections.start); None without servers."""
+    if shared is None and not settings.mcp_servers:
+        return None
+    from mibyan.tools.mcp_connections import McpConnections
+    from mibyan.tools.mcp_tools import McpToolset
+
+    connections = shared or McpConnections(
+        settings.mcp_servers,
+        home=agent.home,
+        start_timeout=settings.mcp.start_timeout,
+    )
+    return McpToolset(
+        connections,
+        owned=shared is None,
+        signal=agent._signal,
+        default_timeout=settings.agent.tool_timeout,
+        allow=settings.tools.allow,
+        deny=deny,
+    )
 
 
 def make_sandbox(

@@ -1,7 +1,8 @@
 """What an agent opens, closed again: `close()`, and `with AIAgent(...) as agent:`.
 
-An agent owns a SQLite connection (the session store) and an SDK client with its HTTP connections (tool
-calls run on daemon threads and own nothing to close). Whoever is done with an agent closes it: delegation
+An agent owns a SQLite connection (the session store), an SDK client with its HTTP connections, and the
+connections to its MCP servers, with their processes (tool calls run on daemon threads and own nothing
+to close). Whoever is done with an agent closes it: delegation
 its subagents, the chat the agent that /new, /resume or /model replaces, so a long-lived process does not
 collect connections.
 """
@@ -21,7 +22,7 @@ class LifecycleMixin(AgentBase):
     """close() and the context manager."""
 
     def close(self) -> None:
-        """Release the agent's database connection and HTTP connections. Safe to call twice.
+        """Release the agent's database and HTTP connections and stop its MCP servers. Safe to call twice.
 
         A conversation running on another thread is interrupted first, and closing waits (a few seconds
         at most) until it has returned, so its last messages are stored before the database closes.
@@ -31,6 +32,7 @@ class LifecycleMixin(AgentBase):
         if self._running.acquire(timeout=_RUN_END_WAIT):
             self._running.release()
         self.provider.drop_client()
+        self.tools.close()
         self.session.store.close()
 
     def __enter__(self) -> Self:

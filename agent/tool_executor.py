@@ -19,10 +19,10 @@ import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import wait as wait_for_futures
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mibyan.agent.adapters.base import ToolSchema, Usage
 from mibyan.agent.errors import ToolError
@@ -38,6 +38,9 @@ from mibyan.tools.registry import ToolSpec, get_tool
 from mibyan.tools.session_tools import search_sessions
 from mibyan.tools.todo import apply_todo
 from model_tools import check_arguments, parse_arguments, run_tool
+
+if TYPE_CHECKING:
+    from mibyan.tools.mcp_tools import McpToolset
 
 log = logging.getLogger("mibyan.tools")
 
@@ -68,11 +71,42 @@ class ToolRuntime:
         schemas: the tools the model sees (the selection of toolsets, allow and deny lists).
         approvals: who decides whether a dangerous command runs (`yolo` may be switched on the fly).
         hooks: the pre/post tool and LLM call hooks.
+        mcp: the tools of the agent's MCP servers, when it has any; their specs are `local` (this
+            agent's own, looked up before the registry) and their schemas follow the built-in ones.
     """
 
     schemas: list[ToolSchema]
     approvals: ApprovalPolicy
     hooks: Hooks
+    mcp: McpToolset | None = None
+    local: dict[str, ToolSpec] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self._builtin = list(self.schemas)
+
+    def resolve(self, name: str) -> ToolSpec | None:
+        """The spec of a tool this agent may know: one of its MCP tools, else a registered tool."""
+        return self.local.get(name) or get_tool(name)
+
+    def refresh(self) -> list[str]:
+        """Bring the MCP tools up to date (servers that started or failed); returns lines to report."""
+        if self.mcp is None:
+            return []
+        specs = self.mcp.refresh()
+        if specs is not None:
+            self.local = specs
+            self.schemas = [*self._builtin, *(spec.schema for spec in specs.values())]
+        return self.mcp.notices()
+
+    def start_mcp(self) -> None:
+        """Start the MCP servers now, if they are not started yet (see McpConnections.start)."""
+        if self.mcp is not None:
+            self.mcp.connections.start()
+
+    def close(self) -> None:
+        """Stop the MCP servers this agent started (a subagent's are its parent's)."""
+        if self.mcp is not None:
+            self.mcp.close()
 
 
 @dataclass
@@ -165,7 +199,7 @@ class ToolExecutorMixin(AgentBase):
             raw_args=function.get("arguments"),
             timeout=self.settings.agent.tool_timeout,
         )
-        plan.spec = get_tool(plan.name)
+        plan.spec = self.tools.resolve(plan.name)
         try:
             if plan.spec is None:
                 raise ToolError(f"unknown tool {plan.name!r}")

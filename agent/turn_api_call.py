@@ -48,6 +48,7 @@ class ApiCallMixin(AgentBase):
         body = append_ephemeral_notes(body, self.provider.runtime.api_mode, request.notes)
         self.tools.hooks.before_llm(request.messages, request.tools)
         client = self.provider.sdk_client(self.settings)
+        self.tools.start_mcp()  # while the model answers: its import would have delayed the request
         sdk = client[0]
         handle = CallHandle()
         relay = StreamRelay(self.callbacks, self._signal, turn.shown_text, turn.shown_reasoning)

@@ -19,6 +19,8 @@ class IterationPrepMixin(AgentBase):
         self._compress_if_needed(turn, self.settings.compression.threshold, "preflight")
         for note in turn.history.repair():
             self.callbacks.emit("status_callback", "repaired", note)
+        for note in self.tools.refresh():
+            self.callbacks.emit("status_callback", "mcp", note)
         # One pass over the history per iteration: it sizes the context-pressure note and calibrates.
         turn.request_estimate = self._estimator.raw_estimate(
             turn.history.messages, turn.system_prompt, self.tools.schemas

@@ -123,7 +123,19 @@ def _usage(repl: Repl, argument: str) -> None:
 @command("tools", "/tools", "the tools the model can use")
 def _tools(repl: Repl, argument: str) -> None:
     for schema in repl.agent.tool_schemas:
-        repl.say(f"  {schema.name:<16} {schema.description.splitlines()[0]}")
+        repl.say(f"  {schema.name:<16} {(schema.description.splitlines() or [''])[0]}")
+
+
+@command("mcp", "/mcp", "the MCP servers: their state and tools")
+def _mcp(repl: Repl, argument: str) -> None:
+    mcp = repl.agent.tools.mcp
+    if mcp is None:
+        repl.say("no MCP servers are configured (mcp_servers: in your config.yaml)")
+        return
+    from mibyan.cli.mcp import describe
+
+    for line in describe(mcp.connections, {schema.name for schema in repl.agent.tool_schemas}):
+        repl.say(line)
 
 
 @command("retry", "/retry", "ask the last question again")

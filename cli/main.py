@@ -169,6 +169,13 @@ def build_parser() -> argparse.ArgumentParser:
         "Ctrl-C; each channel is one session.",
     )
     gateway.add_argument("--check", action="store_true", help="validate the configuration and exit")
+    mcp = commands.add_parser(
+        "mcp",
+        help="the MCP servers of your configuration: their state and their tools",
+        description="MCP servers (mcp_servers: in the configuration) give the agent more tools.",
+    )
+    mcp_actions = mcp.add_subparsers(dest="action", metavar="ACTION", parser_class=_Parser, required=True)
+    mcp_actions.add_parser("list", help="start each server, then show whether it started, and its tools")
     return parser
 
 
@@ -264,6 +271,10 @@ def run_command(argv: Sequence[str] | None = None) -> int:
             from mibyan.cli.gateway import run_gateway
 
             return run_gateway(args)
+        if args.command == "mcp":
+            from mibyan.cli.mcp import run_mcp
+
+            return run_mcp(args)
         if args.command == "sessions":
             from mibyan.cli.sessions import run_sessions
 

@@ -101,6 +101,7 @@ class Repl:
 
             self._renderer = Renderer()
             self._agent = self._build_agent(self._session_id, self.args.model)
+            self._agent.tools.start_mcp()  # the person is typing: time the servers can use to start
         except BaseException as exc:  # reported on the main thread, as one line
             self._error = exc
             self._stop_prompt()

@@ -26,6 +26,7 @@ from mibyan.config.gateway import (
     check_agents,
     check_connectors,
 )
+from mibyan.config.mcp import McpSection, McpServerSettings, check_server_names
 from mibyan.config.paths import mibyan_home
 from mibyan.config.trust import (
     UntrustedConfigWarning,
@@ -181,6 +182,13 @@ class AgentSettings(_Section):
     agents: list[GatewayAgent] = []
     connectors: list[Connector] = []
     gateway: GatewaySection = GatewaySection()
+    mcp_servers: dict[str, McpServerSettings] = {}
+    mcp: McpSection = McpSection()
+
+    @field_validator("mcp_servers")
+    @classmethod
+    def _server_names(cls, servers: dict[str, McpServerSettings]) -> dict[str, McpServerSettings]:
+        return check_server_names(servers)
 
     @field_validator("agents")
     @classmethod

@@ -163,6 +163,7 @@ def test_untrusted_approvals_hooks_tools_and_sections_to_come_are_ignored(home: 
     assert settings.approvals.always == [] and settings.hooks.pre_tool_call == []  # type: ignore[attr-defined]
     assert settings.compression.engine == "default" and settings.compression.threshold == 0.7  # type: ignore[attr-defined]
     assert settings.agent.max_turns == 9  # type: ignore[attr-defined]
+    assert settings.mcp_servers == {}  # type: ignore[attr-defined]  # a server would run a program
     assert len(notices) == 1
     assert "approvals, hooks, tools, sandbox, mcp_servers, compression.engine —" in notices[0]
 

@@ -14,6 +14,7 @@ joined ("git_force_push+rm_recursive"), and is approved only when each of its ki
 from __future__ import annotations
 
 import logging
+import re
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -45,6 +46,20 @@ SAFE = Verdict("safe")
 _UNJUDGED = Verdict("hardline", "could not be judged by mibyan (see the log)", "unjudged")
 log = logging.getLogger("mibyan.approval")
 OUTSIDE_SANDBOX_REASON = "runs outside the sandbox"
+
+
+_MCP_SUBJECT = re.compile(r"MCP server ([A-Za-z0-9_-]+) › (mcp__[A-Za-z0-9_-]+)\n")
+
+
+def mcp_verdict(server: str, name: str) -> Verdict:
+    """The verdict of a call of the MCP tool `name` (mibyan's name for it) of `server`: ask, keyed by
+    the tool, so that a "session" answer covers that tool of that server."""
+    return Verdict("dangerous", f"runs {name}, a tool of the MCP server {server!r}", name)
+
+
+def mcp_subject(server: str, name: str, arguments: str) -> str:
+    """What the approval question shows of an MCP call: the server, the tool and the arguments."""
+    return f"MCP server {server} › {name}\n{arguments}"
 
 
 def outside_sandbox(verdict: Verdict) -> Verdict:
@@ -159,6 +174,10 @@ class ApprovalPolicy:
         """
         if reason.startswith(OUTSIDE_SANDBOX_REASON):
             return "deny"
+        mcp = _MCP_SUBJECT.match(command)
+        if mcp is not None and reason == mcp_verdict(mcp.group(1), mcp.group(2)).reason:
+            # an MCP tool's call (the reason is mibyan's own, never a command's): approved if that tool was
+            return "once" if covered(mcp.group(2), self._approved) else "deny"
         # the same judgement as the question's, so a file tool's question cannot borrow a command's grant
         verdict = classify_command(command)
         approved = verdict.needs_approval and covered(verdict.key, self._approved)

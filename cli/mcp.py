@@ -1,0 +1,83 @@
+"""`mibyan mcp list` and the chat's `/mcp`: the MCP servers, their state and their tools.
+
+Everything a server says about itself (its tools' names and descriptions, its errors) is made visible
+before it is shown: a server is not mibyan.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import TYPE_CHECKING
+
+from mibyan.cli.exit_codes import EXIT_OK, EXIT_USAGE
+from mibyan.cli.sanitize import visible
+
+if TYPE_CHECKING:
+    from mibyan.tools.mcp_connections import McpConnections, ServerState
+
+_NO_SERVERS = "no MCP servers are configured (mcp_servers: in {where})"
+
+
+def _where(state: ServerState) -> str:
+    settings = state.settings
+    if settings.url is not None:
+        return settings.url
+    return " ".join([settings.command or "", *settings.args])
+
+
+def describe(connections: McpConnections, offered: set[str] | None = None) -> list[str]:
+    """The lines that show each server (state, how it is reached, approval) and its tools.
+
+    Args:
+        connections: the servers.
+        offered: the tool names the model sees (an agent's), to mark the tools it does not; None
+            lists every tool of each server as the filters of its configuration let it through.
+    """
+    from mibyan.tools.mcp_tools import selected, tool_name
+
+    lines: list[str] = []
+    for state in connections.servers.values():
+        status = state.status + ("" if state.live or state.tools is None else ", tools from the cache")
+        approval = state.settings.approval
+        lines.append(f"{state.name}  [{status}]  {_where(state)}  (approval: {approval})")
+        if state.error:
+            lines.append(f"    {state.error}")
+        tools = state.tools or []
+        shown = selected(tools, state.settings)
+        taken: list[str] = []
+        for tool in shown:
+            name = tool_name(state.name, tool.name, taken)
+            taken.append(name)
+            marks = ["read-only"] if tool.read_only else []
+            if offered is not None and name not in offered:
+                marks.append("not offered")
+            summary = (tool.description.strip().splitlines() or [""])[0][:90]
+            lines.append(f"    {name}{'  (' + ', '.join(marks) + ')' if marks else ''}  {summary}")
+        if len(shown) < len(tools):
+            lines.append(f"    ({len(tools) - len(shown)} more left out by tools.include/exclude)")
+    return [visible(line) for line in lines]
+
+
+def run_mcp(args: argparse.Namespace) -> int:
+    """`mibyan mcp list`: start each configured server, wait for it (up to mcp.start_timeout), list it."""
+    from mibyan.agent.errors import MibyanError
+    from mibyan.cli.logs import setup_logging
+    from mibyan.config.loader import load_settings
+    from mibyan.config.paths import mibyan_home
+    from mibyan.tools.mcp_connections import McpConnections
+
+    home = mibyan_home()
+    try:
+        settings = load_settings(home=home)
+    except MibyanError as exc:
+        sys.stderr.write(f"mibyan: {visible(str(exc))}\n")
+        return EXIT_USAGE
+    if not settings.mcp_servers:
+        sys.stdout.write(_NO_SERVERS.format(where=home / "config.yaml") + "\n")
+        return EXIT_OK
+    setup_logging(home)
+    with McpConnections(settings.mcp_servers, home=home, start_timeout=settings.mcp.start_timeout) as servers:
+        servers.wait_settled(timeout=settings.mcp.start_timeout + 1)
+        sys.stdout.write("\n".join(describe(servers)) + "\n")
+    return EXIT_OK

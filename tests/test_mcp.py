@@ -1,0 +1,197 @@
+"""MCP servers as tools: a test server over streamable HTTP (in this process) and over stdio (a program).
+
+The model is the scripted loopback server; everything between it and the MCP servers is mibyan's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import run_in_background
+from loopback import Reply, ScriptedServer
+from mcp_test_server import PNG, Record, serving_http
+
+SERVER_SCRIPT = str(Path(__file__).with_name("mcp_test_server.py"))
+
+
+@pytest.fixture(scope="module")
+def record() -> Record:
+    return Record()
+
+
+@pytest.fixture(scope="module")
+def mcp_url(record: Record) -> Iterator[str]:
+    with serving_http(record) as url:
+        yield url
+
+
+def tool_results(result: dict[str, Any]) -> list[str]:
+    return [m["content"] for m in result["messages"] if m["role"] == "tool"]
+
+
+def offered(server: ScriptedServer, index: int = 0) -> dict[str, Any]:
+    return {t["function"]["name"]: t["function"] for t in server.requests[index].body.get("tools", [])}
+
+
+def test_tools_run_and_their_results_reach_the_model(
+    server: ScriptedServer, make_agent: Callable[..., Any], mcp_url: str
+) -> None:
+    server.add(
+        Reply(
+            tool_calls=[
+                ("mcp__web__echo", {"text": "hello \x1b[2J"}),
+                ("mcp__web__numbers", {}),
+                ("mcp__web__picture", {}),
+                ("mcp__web__fail", {"reason": "no such record"}),
+            ]
+        ),
+        Reply(tool_calls=[("mcp__web__fail", {"reason": "still none"})]),
+        Reply(text="done"),
+    )
+    with make_agent(mcp_servers={"web": {"url": mcp_url}}, max_tool_failures=2) as agent:
+        result = agent.run_conversation("go")
+    echo, numbers, picture, failed, failed_again = tool_results(result)
+    assert echo == "hello \x1b[2J"  # the model gets the text as it is; terminals get it escaped
+    assert json.loads(numbers) == {"sum": 3, "items": [1, 2]}
+    assert picture == f"[image from the tool: image/png, about {len(PNG):,} bytes, not shown]"
+    assert failed == "error: Error executing tool fail: no such record"
+    assert (
+        failed_again.startswith("error: Error executing tool fail: still none")
+        and "has failed 2 times in a row" in failed_again
+    )
+    schema = offered(server)["mcp__web__echo"]
+    assert schema["description"] == "Say the text back."
+    assert schema["parameters"]["properties"]["text"]["type"] == "string"
+
+
+def test_approval_is_per_server_and_read_only_tools_are_not_asked(
+    server: ScriptedServer, make_agent: Callable[..., Any], mcp_url: str, tmp_path: Path
+) -> None:
+    asked: list[tuple[str, str]] = []
+    servers = {name: {"url": mcp_url, "approval": name} for name in ("ask", "allow", "deny")}
+    calls = [
+        ("mcp__ask__echo", {"text": "read-only"}),
+        ("mcp__ask__note", {"path": str(tmp_path / "asked"), "text": "x"}),
+        ("mcp__allow__note", {"path": str(tmp_path / "allowed"), "text": "yy"}),
+        ("mcp__deny__echo", {"text": "even this"}),
+    ]
+    again = ("mcp__ask__note", {"path": str(tmp_path / "asked again"), "text": "x"})
+    server.add(Reply(tool_calls=calls), Reply(tool_calls=[again]), Reply(text="done"))
+    answers = iter(["deny", "session"])
+
+    def approve(command: str, reason: str) -> str:
+        asked.append((command, reason))
+        return next(answers)
+
+    with make_agent(mcp_servers=servers, approval_callback=approve) as agent:
+        result = agent.run_conversation("go")
+    echo, refused, allowed, denied, approved = tool_results(result)
+    assert echo == "read-only"
+    assert refused.startswith("denied by user") and not (tmp_path / "asked").exists()
+    assert allowed == "wrote 2 characters"
+    assert denied.startswith("error: not run: the tools of the MCP server 'deny' are denied")
+    assert approved == "wrote 1 characters" and (tmp_path / "asked again").read_text() == "x"
+    command, reason = asked[0]
+    assert command.startswith("MCP server ask › mcp__ask__note\n") and str(tmp_path / "asked") in command
+    assert reason == "runs mcp__ask__note, a tool of the MCP server 'ask'"
+    assert len(asked) == 2  # the "session" answer covers that tool from then on; read-only ones never ask
+
+
+def test_include_exclude_and_names_a_provider_accepts(
+    server: ScriptedServer, make_agent: Callable[..., Any], mcp_url: str
+) -> None:
+    filters = {"include": ["echo", "note", "odd*"], "exclude": ["note"]}
+    server.add(Reply(tool_calls=[("mcp__web__note", {"path": "x", "text": "y"})]), Reply(text="done"))
+    with make_agent(mcp_servers={"web": {"url": mcp_url, "tools": filters}}) as agent:
+        result = agent.run_conversation("go")
+    names = sorted(name for name in offered(server) if name.startswith("mcp__"))
+    assert names[0] == "mcp__web__echo" and len(names) == 2
+    odd = names[1]
+    assert len(odd) == 64 and odd.startswith("mcp__web__odd_name_with_spacexxx")
+    assert all(c.isalnum() or c in "_-" for c in odd)
+    assert tool_results(result) == ["error: unknown tool 'mcp__web__note'"]
+
+
+def test_a_broken_or_hanging_server_is_one_line_and_the_run_goes_on(
+    server: ScriptedServer, make_agent: Callable[..., Any], mcp_url: str, home: Path
+) -> None:
+    (home / "config.yaml").write_text("agent: {api_max_retries: 0}\nmcp: {start_timeout: 0.5}\n")
+    notes: list[str] = []
+    servers = {
+        "missing": {"command": "/nonexistent/mcp-server"},
+        "hangs": {"command": "sh", "args": ["-c", "echo not json; exec sleep 60"]},
+        "web": {"url": mcp_url},
+    }
+    server.add(Reply(tool_calls=[("mcp__web__echo", {"text": "fine"})]), Reply(text="done"))
+    with make_agent(mcp_servers=servers, status_callback=lambda kind, text: notes.append(text)) as agent:
+        result = agent.run_conversation("go")
+        hung = agent.tools.mcp.connections.servers["hangs"].pid
+    assert result["completed"] and tool_results(result) == ["fine"]
+    assert sorted(n for n in notes if "MCP" in n) == [
+        "MCP server 'hangs' is left out: did not start within 0.5 s",
+        "MCP server 'missing' is left out: cannot start /nonexistent/mcp-server: not found",
+    ]
+    assert hung is not None and not process_alive(hung)
+
+
+def test_a_call_times_out_or_is_interrupted_and_the_server_stays_usable(
+    server: ScriptedServer, make_agent: Callable[..., Any], mcp_url: str, record: Record
+) -> None:
+    servers = {"web": {"url": mcp_url}, "quick": {"url": mcp_url, "timeout": 0.3}}
+    server.add(Reply(tool_calls=[("mcp__quick__wait", {"seconds": 30})]), Reply(text="timed out"))
+    server.add(Reply(tool_calls=[("mcp__web__wait", {"seconds": 30})]))
+    server.add(Reply(tool_calls=[("mcp__web__echo", {"text": "still here"})]), Reply(text="done"))
+    with make_agent(mcp_servers=servers) as agent:
+        timed_out = agent.run_conversation("first")
+        record.waiting.clear()
+        record.cancelled.clear()
+        worker, outcome = run_in_background(agent, "second")
+        assert record.waiting.wait(30)
+        agent.interrupt()
+        worker.join(30)
+        after = agent.run_conversation("third")
+    assert tool_results(timed_out) == ["error: MCP server 'quick' did not answer within 0.3 s"]
+    assert outcome["interrupted"]
+    assert record.cancelled.wait(30)  # the server was told the call was cancelled
+    assert tool_results(after)[-1] == "still here"
+
+
+def test_subagents_share_the_parents_server_process(
+    server: ScriptedServer, make_agent: Callable[..., Any]
+) -> None:
+    def reply(body: dict[str, Any]) -> Reply:
+        results = [m for m in body["messages"] if m["role"] == "tool"]
+        child = any(
+            str(m.get("content")).startswith("Task: ") for m in body["messages"] if m["role"] == "user"
+        )
+        if not results:
+            return Reply(tool_calls=[("mcp__py__pid", {})])
+        if not child and len(results) == 1:
+            return Reply(tool_calls=[("delegate_task", {"goal": "tell me your server's pid"})])
+        return Reply(text=f"pid {results[0]['content']}" if child else "done")
+
+    server.default = reply
+    servers = {"py": {"command": sys.executable, "args": [SERVER_SCRIPT]}}
+    with make_agent(mcp_servers=servers) as agent:
+        result = agent.run_conversation("go")
+        pid = agent.tools.mcp.connections.servers["py"].pid
+        assert pid is not None and process_alive(pid)
+    parent_pid, report = tool_results(result)
+    assert parent_pid == str(pid) and f"pid {pid}" in report
+    assert not process_alive(pid)  # close() stopped it
+
+
+def process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie is dead, only not reaped yet
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().split(") ")[-1][:1] != "Z"

@@ -1,0 +1,405 @@
+"""The connections to an agent's MCP servers: started at once, in the background, stopped by close().
+
+The agent is synchronous, the SDK is asyncio: the connections live on one thread running an event loop,
+and tool calls (on the executor's threads) hand coroutines to it and wait for them, interruptibly. That
+thread imports the SDK (about half a second), so neither the import nor the servers' start-up sits on
+the first request's path: each server's tool list is cached in the home, keyed by a hash of the
+server's configuration, and offered from there at once; a call waits for its server to be up, at most
+until `mcp.start_timeout` after the start. A server that cannot start is reported once and left out.
+
+Subagents use their parent's connections (`McpConnections` is shared, and closed by its owner only).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import re
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any, Literal
+
+from mibyan.agent.errors import ToolError
+from mibyan.config.mcp import McpServerSettings
+from mibyan.config.paths import private_dir, write_private
+from mibyan.tools import context
+
+log = logging.getLogger("mibyan.mcp")
+
+Status = Literal["starting", "ready", "failed", "stopped"]
+#: How long close() waits for the servers to stop (each gets its stdin closed, then signals).
+_CLOSE_WAIT = 5.0
+_VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+MISSING_SDK = "the mcp package is not installed (pip install 'mibyan[mcp]')"
+
+
+@dataclass(frozen=True)
+class McpTool:
+    """One tool as its server lists it: its own name, what it says it does, its input schema."""
+
+    name: str
+    description: str
+    input_schema: dict[str, Any]
+    read_only: bool = False
+
+
+@dataclass
+class ServerState:
+    """What is known of one server now. `settled` is done once it is ready or has failed."""
+
+    name: str
+    settings: McpServerSettings
+    deadline: float
+    status: Status = "starting"
+    error: str | None = None
+    tools: list[McpTool] | None = None  # the cached list until the server lists its own
+    live: bool = False  # `tools` came from the server in this run
+    pid: int | None = None
+    settled: concurrent.futures.Future[None] = field(default_factory=concurrent.futures.Future)
+    client: Any = None
+
+
+def config_key(settings: McpServerSettings) -> str:
+    """The cache key of a server: a hash of what decides which server it is (never of the environment)."""
+    identity = settings.model_dump(include={"command", "args", "env", "cwd", "url", "headers"})
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def expand(text: str, env: Mapping[str, str], where: str) -> str:
+    """`text` with each `${NAME}` replaced by the variable's value.
+
+    Raises:
+        ToolError: a variable is not set.
+    """
+
+    def value(match: re.Match[str]) -> str:
+        if match.group(1) not in env:
+            raise ToolError(f"{where}: ${{{match.group(1)}}} is not set in the environment")
+        return env[match.group(1)]
+
+    return _VARIABLE.sub(value, text)
+
+
+class ToolCache:
+    """Each server's last tool list, in `$MIBYAN_HOME/cache/mcp/<key>.json` (0600)."""
+
+    def __init__(self, home: Path) -> None:
+        self.folder = home / "cache" / "mcp"
+
+    def load(self, settings: McpServerSettings) -> list[McpTool] | None:
+        try:
+            raw = json.loads((self.folder / f"{config_key(settings)}.json").read_bytes())
+            return [McpTool(**entry) for entry in raw["tools"]]
+        except (OSError, ValueError, TypeError, KeyError):
+            return None
+
+    def save(self, settings: McpServerSettings, tools: list[McpTool]) -> None:
+        data = {"tools": [tool.__dict__ for tool in tools]}
+        try:
+            private_dir(self.folder)
+            write_private(self.folder / f"{config_key(settings)}.json", json.dumps(data).encode())
+        except OSError as exc:  # a read-only home: the next start is slower, nothing worse
+            log.warning("could not cache the tools of an MCP server: %s", exc)
+
+
+class McpConnections:
+    """The MCP servers of one agent, each connected once; close() stops them all.
+
+    Args:
+        servers: the configured servers, by name.
+        home: the mibyan home (the tool cache, the servers' stderr log).
+        start_timeout: seconds each server may take to start and list its tools.
+        env: the environment `${NAME}`s come from, and what a stdio server inherits from.
+    """
+
+    def __init__(
+        self,
+        servers: Mapping[str, McpServerSettings],
+        *,
+        home: Path,
+        start_timeout: float,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        import importlib.util
+
+        self._env = dict(os.environ if env is None else env)
+        self._home = home
+        self._cache = ToolCache(home)
+        self.start_timeout = start_timeout
+        self.servers = {
+            name: ServerState(name, settings, float("inf"), tools=self._cache.load(settings))
+            for name, settings in servers.items()
+        }
+        self._lock = threading.Lock()
+        self._listeners: list[Callable[[], None]] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._scopes: dict[str, Any] = {}  # each server's cancel scope, on the MCP thread
+        self._loop_ready = threading.Event()
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="mibyan-mcp", daemon=True)
+        if importlib.util.find_spec("mcp") is None:  # cheap, unlike the import: no thread, no servers
+            self._closed = True
+            for state in self.servers.values():
+                self._settle(state, "failed", MISSING_SDK)
+
+    def start(self) -> None:
+        """Start the servers, on the MCP thread, if they are not started yet (thread-safe, returns at once).
+
+        The SDK's import holds the interpreter's lock for about half a second: started while the agent
+        prepares its first request, it would delay the request by as much. So the agent starts its servers
+        when it needs them: at once if it has to wait for one whose tools are not cached, else when its
+        first model call is on its way (or its first MCP call comes, or the chat is idle at its prompt).
+        """
+        with self._lock:
+            if self._closed or self._thread.is_alive() or self._loop_ready.is_set():
+                return
+            deadline = time.monotonic() + self.start_timeout
+            for state in self.servers.values():
+                state.deadline = deadline
+            self._thread.start()
+
+    # -- state, for the tools and for `mibyan mcp list` -------------------------------------------------
+
+    def on_change(self, listener: Callable[[], None]) -> None:
+        """Call `listener` (on the MCP thread) whenever a server becomes ready or fails."""
+        with self._lock:
+            self._listeners.append(listener)
+
+    def wait_settled(self, names: list[str] | None = None, timeout: float | None = None) -> bool:
+        """Block until the named servers (all by default) are ready or have failed; False on timeout."""
+        self.start()
+        states = [self.servers[n] for n in names] if names is not None else list(self.servers.values())
+        _done, pending = concurrent.futures.wait([s.settled for s in states], timeout=timeout)
+        return not pending
+
+    def _settle(self, state: ServerState, status: Status, error: str | None = None) -> None:
+        state.status = status
+        state.error = error
+        if not state.settled.done():
+            state.settled.set_result(None)
+        with self._lock:
+            listeners = list(self._listeners)
+        for listener in listeners:
+            listener()
+
+    # -- the MCP thread -------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            asyncio.run(self._main())
+        finally:
+            for state in self.servers.values():
+                if state.status in ("starting", "ready"):
+                    self._settle(state, "stopped", state.error)
+            self._loop_ready.set()
+
+    async def _main(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        self._loop_ready.set()
+        try:
+            import mcp  # noqa: F401  (the SDK: imported here, off the agent's thread)
+        except ImportError:
+            for state in self.servers.values():
+                self._settle(state, "failed", MISSING_SDK)
+            return
+        logging.getLogger("mcp").addHandler(logging.NullHandler())  # its records stay off the terminal
+        if self._stop.is_set():  # closed while the SDK was imported
+            return
+        tasks = [asyncio.create_task(self._serve(state)) for state in self.servers.values()]
+        await self._stop.wait()
+        for name, scope in self._scopes.items():
+            if self.servers[name].status == "starting":
+                scope.cancel()  # closed before it was up: stop its start-up as well
+        if tasks:
+            await asyncio.wait(tasks, timeout=_CLOSE_WAIT)
+
+    async def _serve(self, state: ServerState) -> None:
+        """One server's whole connection: connect, list the tools, then hold it open until close()."""
+        import anyio
+
+        assert self._stop is not None
+        with anyio.CancelScope() as scope:
+            self._scopes[state.name] = scope
+            watchdog = asyncio.create_task(self._watch_start(state, scope))
+            try:
+                async with self._client(state) as client:
+                    tools = await _list_tools(client)
+                    state.client, state.tools, state.live = client, tools, True
+                    self._cache.save(state.settings, tools)
+                    self._settle(state, "ready")
+                    await self._stop.wait()
+            except Exception as exc:  # a broken server: reported as one line, the agent goes on without it
+                log.info("MCP server %s failed", state.name, exc_info=exc)  # the user sees one line
+                if state.tools is None:  # known as broken: the next start does not wait for it
+                    self._cache.save(state.settings, [])
+                self._settle(state, "failed", _describe(exc))
+            finally:
+                watchdog.cancel()
+                state.client = None
+        if scope.cancelled_caught and state.status == "starting":
+            self._settle(state, "stopped", "stopped before it was up")
+        elif state.status == "ready":
+            self._settle(state, "stopped")
+
+    async def _watch_start(self, state: ServerState, scope: Any) -> None:
+        await asyncio.sleep(max(0.0, state.deadline - time.monotonic()))
+        if state.status == "starting":
+            # failed now, not once its process is stopped (that takes a grace period)
+            self._settle(state, "failed", f"did not start within {self.start_timeout:g} s")
+            scope.cancel()
+
+    def _client(self, state: ServerState) -> Any:
+        from mcp import Client, types
+
+        from mibyan.tools.mcp_transport import http_transport, stdio_transport
+
+        settings = state.settings
+        where = f"mcp_servers.{state.name}"
+        if settings.url is not None:
+            headers = {k: expand(v, self._env, f"{where}.headers.{k}") for k, v in settings.headers.items()}
+            transport = http_transport(settings.url, headers)
+        else:
+            transport = stdio_transport(
+                state.name, self._stdio_command(state), self._errlog(), lambda pid: setattr(state, "pid", pid)
+            )
+        info = types.Implementation(name="mibyan", version="0.1.0")
+        return Client(transport, client_info=info, mode="auto")
+
+    def _stdio_command(self, state: ServerState) -> Any:
+        from mibyan.tools.mcp_transport import INHERITED, StdioCommand
+
+        settings = state.settings
+        assert settings.command is not None
+        where = f"mcp_servers.{state.name}"
+        env = {k: self._env[k] for k in INHERITED if k in self._env}
+        env.update({k: expand(v, self._env, f"{where}.env.{k}") for k, v in settings.env.items()})
+        return StdioCommand(
+            command=os.path.expanduser(settings.command),
+            args=tuple(expand(a, self._env, f"{where}.args") for a in settings.args),
+            env=env,
+            cwd=os.path.expanduser(settings.cwd) if settings.cwd else None,
+        )
+
+    def _errlog(self) -> IO[bytes]:
+        """Where the servers' stderr goes: `$MIBYAN_HOME/logs/mcp.log` (0600), else nowhere."""
+        folder = self._home / "logs"
+        try:
+            private_dir(folder)
+            fd = os.open(folder / "mcp.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        except OSError:
+            fd = os.open(os.devnull, os.O_WRONLY)
+        return os.fdopen(fd, "ab", buffering=0)
+
+    # -- calls, from the executor's threads -----------------------------------------------------------
+
+    def call(self, server: str, tool: str, arguments: dict[str, Any], *, timeout: float) -> Any:
+        """Call `tool` of `server` and return the SDK's result; waits for the server to be up first.
+
+        Raises:
+            ToolError: the server is not available, the call timed out, was interrupted, or failed.
+        """
+        self.start()
+        state = self.servers[server]
+        self._wait(state.settled, max(0.0, state.deadline - time.monotonic()) + 0.5)
+        if context.stop_requested():
+            raise ToolError("interrupted before the MCP server was up")
+        client = state.client
+        if state.status != "ready" or client is None or self._loop is None:
+            raise ToolError(f"MCP server {server!r} is not available ({state.error or state.status})")
+        future = asyncio.run_coroutine_threadsafe(_call(client, tool, arguments, timeout), self._loop)
+        self._wait(future, timeout + 1.0)
+        if not future.done():
+            future.cancel()
+            if context.stop_requested():
+                raise ToolError("interrupted: the MCP call was cancelled")
+            raise ToolError(f"MCP server {server!r} did not answer within {timeout:g} s")
+        try:
+            return future.result()
+        except TimeoutError:
+            raise ToolError(f"MCP server {server!r} did not answer within {timeout:g} s") from None
+        except Exception as exc:  # the server's error, or a connection that broke: text for the model
+            raise ToolError(f"MCP server {server!r}: {_describe(exc)}") from exc
+
+    @staticmethod
+    def _wait(future: concurrent.futures.Future[Any], timeout: float) -> None:
+        wake = context.waker()
+        future.add_done_callback(lambda _f: wake())
+        context.wait_or_stop(future.done, timeout)
+
+    # -- closing --------------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Stop every server (their processes are gone when this returns). Safe to call twice."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            started = self._thread.is_alive()
+        if not started:
+            for state in self.servers.values():
+                self._settle(state, "stopped", state.error)
+            return
+        self._loop_ready.wait(_CLOSE_WAIT)
+        loop, stop = self._loop, self._stop
+        if loop is not None and stop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop has ended already
+                loop.call_soon_threadsafe(stop.set)
+        self._thread.join(_CLOSE_WAIT + 1.0)
+
+    def __enter__(self) -> McpConnections:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+async def _list_tools(client: Any) -> list[McpTool]:
+    tools: list[McpTool] = []
+    cursor = None
+    for _ in range(100):  # a server whose pages never end cannot hold the start forever
+        page = await client.list_tools(cursor=cursor)
+        for tool in page.tools:
+            annotations = tool.annotations
+            tools.append(
+                McpTool(
+                    name=tool.name,
+                    description=tool.description or tool.title or "",
+                    input_schema=dict(tool.input_schema or {"type": "object"}),
+                    read_only=bool(annotations is not None and annotations.read_only_hint),
+                )
+            )
+        cursor = page.next_cursor
+        if cursor is None:
+            break
+    return tools
+
+
+async def _call(client: Any, tool: str, arguments: dict[str, Any], timeout: float) -> Any:
+    import anyio
+
+    with anyio.fail_after(timeout):
+        return await client.call_tool(tool, arguments)
+
+
+def _describe(exc: BaseException) -> str:
+    """One line about a failure: the SDK's message, or the first of an exception group's."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    if isinstance(exc, ToolError):
+        return str(exc)
+    if isinstance(exc, FileNotFoundError):
+        return f"cannot start {exc.filename or 'the command'}: not found"
+    if isinstance(exc, PermissionError):
+        return f"cannot start {exc.filename or 'the command'}: permission denied"
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__

@@ -1,0 +1,187 @@
+"""How mibyan reaches an MCP server: a program it starts (stdio), or a streamable HTTP endpoint.
+
+The HTTP transport is the SDK's. The stdio one is mibyan's own, for what the SDK's does not do: the
+server runs in its own session (the terminal's Ctrl-C is for mibyan, not for it) and, on Linux, is sent
+SIGTERM by the kernel the moment mibyan's process dies, however it dies; its stderr goes to a log file,
+not the terminal; a line on its stdout that is not JSON-RPC is logged and skipped; and stopping it is
+quick: stdin closed, a short grace, then SIGTERM and SIGKILL to its whole process group.
+
+Imported on the MCP thread only: it imports the SDK.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass
+from typing import IO, Any
+
+import anyio
+from mcp.shared.message import SessionMessage
+from mcp_types import jsonrpc_message_adapter
+from pydantic import ValidationError
+
+log = logging.getLogger("mibyan.mcp")
+
+#: The longest line a server may write (a tool list, a file's content); longer ones are skipped.
+LINE_LIMIT = 32 * 1024 * 1024
+#: After its stdin closes, how long a server gets to exit before it is sent SIGTERM, then SIGKILL.
+EXIT_GRACE = 1.0
+#: Variables a stdio server gets from mibyan's environment; its `env:` adds to them. Keys stay with mibyan.
+INHERITED = ("HOME", "LOGNAME", "PATH", "SHELL", "TERM", "USER", "LANG", "LC_ALL", "TMPDIR")
+
+_PR_SET_PDEATHSIG = 1
+
+
+@dataclass(frozen=True)
+class StdioCommand:
+    """A server program, its arguments, environment and working directory, with `${NAME}`s expanded."""
+
+    command: str
+    args: tuple[str, ...]
+    env: Mapping[str, str]
+    cwd: str | None
+
+
+def _parent_death_signal() -> Callable[[], None] | None:
+    """A pre-exec function that has the kernel SIGTERM the child when this process dies (Linux)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def die_with_parent() -> None:
+        prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before the request: go now
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return die_with_parent
+
+
+async def _read_messages(
+    name: str, stdout: asyncio.StreamReader, sink: anyio.abc.ObjectSendStream[Any]
+) -> None:
+    async with sink:
+        while True:
+            try:
+                line = await stdout.readline()
+            except ValueError:  # a line past LINE_LIMIT: the reader dropped it
+                log.warning("MCP server %s wrote a line longer than %d bytes; skipped", name, LINE_LIMIT)
+                continue
+            if not line:
+                return
+            if not line.strip():
+                continue
+            try:
+                message = jsonrpc_message_adapter.validate_json(line)
+            except ValidationError:
+                log.warning("MCP server %s wrote something that is not JSON-RPC on stdout; skipped", name)
+                continue
+            await sink.send(SessionMessage(message))
+
+
+async def _write_messages(stdin: asyncio.StreamWriter, source: anyio.abc.ObjectReceiveStream[Any]) -> None:
+    async with source:
+        async for message in source:
+            data = message.message.model_dump_json(by_alias=True, exclude_unset=True) + "\n"
+            stdin.write(data.encode("utf-8"))
+            await stdin.drain()
+
+
+async def _exited(process: asyncio.subprocess.Process, within: float) -> bool:
+    # returncode, not wait(): wait() also waits for the pipes, which a grandchild may hold open
+    deadline = anyio.current_time() + within
+    while process.returncode is None:
+        if anyio.current_time() >= deadline:
+            return False
+        await anyio.sleep(0.01)
+    return True
+
+
+async def stop_process(process: asyncio.subprocess.Process, *, grace: float = EXIT_GRACE) -> None:
+    """Close the server's stdin, then SIGTERM and SIGKILL its process group, each after `grace`."""
+    if process.stdin is not None:
+        with contextlib.suppress(OSError, RuntimeError):
+            process.stdin.close()
+    for sent in (signal.SIGTERM, signal.SIGKILL):
+        if await _exited(process, grace):
+            break
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, sent)  # the server leads its own session: its group has its pid
+    if not await _exited(process, EXIT_GRACE):
+        log.warning("MCP server process %d did not exit after SIGKILL", process.pid)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signal.SIGKILL)  # what it started and left behind in its group
+
+
+async def _spawn(spec: StdioCommand, errlog: IO[bytes]) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_exec(
+        spec.command,
+        *spec.args,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=errlog,
+        env=dict(spec.env),
+        cwd=spec.cwd,
+        start_new_session=True,
+        preexec_fn=_parent_death_signal(),
+        limit=LINE_LIMIT,
+    )
+
+
+@contextlib.asynccontextmanager
+async def stdio_transport(
+    name: str, spec: StdioCommand, errlog: IO[bytes], on_started: Callable[[int], None]
+) -> AsyncIterator[tuple[Any, Any]]:
+    """Start the server and yield the SDK's (read stream, write stream) pair; stop it on the way out.
+
+    Raises:
+        OSError: the program cannot be started (not found, not executable, no such cwd).
+    """
+    with anyio.CancelScope(shield=True):  # a process started must be known, to be stopped
+        process = await _spawn(spec, errlog)
+    on_started(process.pid)
+    assert process.stdout is not None and process.stdin is not None
+    read_send, read_receive = anyio.create_memory_object_stream[Any](0)
+    write_send, write_receive = anyio.create_memory_object_stream[Any](0)
+    grace = EXIT_GRACE
+    try:
+        async with anyio.create_task_group() as group:
+            group.start_soon(_read_messages, name, process.stdout, read_send)
+            group.start_soon(_write_messages, process.stdin, write_receive)
+            try:
+                yield read_receive, write_send
+            except anyio.get_cancelled_exc_class():
+                grace = 0.1  # given up on (it did not start in time): no time to wind down
+                raise
+            finally:
+                group.cancel_scope.cancel()
+    finally:
+        with anyio.CancelScope(shield=True):
+            await stop_process(process, grace=grace)
+            for stream in (read_receive, write_send):
+                await stream.aclose()
+
+
+@contextlib.asynccontextmanager
+async def http_transport(url: str, headers: Mapping[str, str]) -> AsyncIterator[tuple[Any, Any]]:
+    """The SDK's streamable HTTP transport, with the configured headers on every request."""
+    import httpx2
+    from mcp.client.streamable_http import streamable_http_client
+
+    timeout = httpx2.Timeout(30, read=300)  # a server may hold a response stream open for long
+    async with (
+        httpx2.AsyncClient(headers=dict(headers), timeout=timeout) as client,
+        streamable_http_client(url, http_client=client) as streams,
+    ):
+        yield streams
