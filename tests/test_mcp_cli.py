@@ -1,0 +1,136 @@
+"""MCP servers from the command line: `mibyan mcp list`, a one-shot run through the npm reference servers,
+and no server process left behind when the CLI is killed."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import ROOT, run_cli
+from loopback import Reply, ScriptedServer
+
+BIN = ROOT / "tests" / "node" / "node_modules" / ".bin"
+FILESYSTEM, EVERYTHING = BIN / "mcp-server-filesystem", BIN / "mcp-server-everything"
+SERVER_SCRIPT = Path(__file__).with_name("mcp_test_server.py")
+
+
+def tagged_processes(tag: str) -> list[int]:
+    """The live processes whose environment holds MIBYAN_TEST_TAG=tag (the servers of one test)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+            state = (entry / "stat").read_text().split(") ")[-1][:1]
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+        if f"MIBYAN_TEST_TAG={tag}".encode() in environ.split(b"\0") and state != "Z":
+            found.append(int(entry.name))
+    return found
+
+
+def write_config(home: Path, servers: dict[str, Any]) -> None:
+    config = {"agent": {"api_max_retries": 0}, "mcp_servers": servers}
+    (home / "config.yaml").write_text(json.dumps(config))  # JSON is YAML
+
+
+@pytest.mark.skipif(
+    not (FILESYSTEM.exists() and EVERYTHING.exists()),
+    reason="the npm reference servers are not installed (npm ci --prefix tests/node)",
+)
+def test_a_one_shot_run_lists_reads_and_writes_through_the_reference_servers(
+    server: ScriptedServer, home: Path, tmp_path: Path
+) -> None:
+    folder = tmp_path / "shared"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("first line\n")
+    tag = uuid.uuid4().hex
+    env = {"MIBYAN_TEST_TAG": tag}
+    files = {"command": str(FILESYSTEM), "args": [str(folder)], "env": env}
+    write_config(
+        home,
+        {
+            "files": {**files, "approval": "allow"},
+            "guarded": {**files, "tools": {"include": ["write_file"]}},  # approval: ask, nobody to ask
+            "everything": {"command": str(EVERYTHING), "env": env, "tools": {"include": ["echo"]}},
+            "broken": {"command": str(tmp_path / "no-such-server")},
+        },
+    )
+    listing = run_cli("mcp", "list", home=home)
+    assert listing.returncode == 0, listing.stderr
+    assert "files  [ready]" in listing.stdout and "mcp__files__write_file" in listing.stdout
+    assert "mcp__everything__echo  (read-only)" in listing.stdout
+    assert "broken  [failed]" in listing.stdout and "not found" in listing.stdout
+    assert "mcp__guarded__read_file" not in listing.stdout  # left out by include
+
+    written = str(folder / "answer.txt")
+    server.add(
+        Reply(
+            tool_calls=[
+                ("mcp__files__list_directory", {"path": str(folder)}),
+                ("mcp__files__read_text_file", {"path": str(folder / "notes.txt")}),
+                ("mcp__files__write_file", {"path": written, "content": "from mibyan"}),
+                ("mcp__guarded__write_file", {"path": str(folder / "refused.txt"), "content": "no"}),
+                ("mcp__everything__echo", {"message": "hi \x1b]0;title\x07"}),
+            ]
+        ),
+        Reply(text="done"),
+    )
+    done = run_cli("chat", "-q", "use the servers", "--base-url", server.base_url, home=home)
+    assert done.returncode == 0, done.stderr
+    listed, read, wrote, refused, echoed = [
+        m["content"] for m in server.requests[1].body["messages"] if m["role"] == "tool"
+    ]
+    assert "[FILE] notes.txt" in listed and read == "first line\n"
+    assert "Successfully wrote" in wrote and Path(written).read_text() == "from mibyan"
+    assert refused.startswith("refused: nobody could be asked") and not (folder / "refused.txt").exists()
+    assert echoed == "Echo: hi \x1b]0;title\x07"
+    assert "mcp__everything__echo(message='hi \\x1b]0;title\\x07') · ok" in done.stderr  # escaped on screen
+    assert done.stderr.count("MCP server 'broken' is left out") <= 1  # its tools were cached as none
+    assert tagged_processes(tag) == []
+
+
+def test_no_server_outlives_a_killed_cli(server: ScriptedServer, home: Path) -> None:
+    tag = uuid.uuid4().hex
+    env = {"MIBYAN_TEST_TAG": tag}
+    write_config(
+        home,
+        {
+            "py": {"command": sys.executable, "args": [str(SERVER_SCRIPT)], "env": env},
+            # never answers and never reads its stdin: only the kernel's parent-death signal stops it
+            "hangs": {"command": "sh", "args": ["-c", "exec sleep 60"], "env": env},
+        },
+    )
+    environment = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY")}
+    environment.update({"MIBYAN_HOME": str(home), "PYTHONPATH": str(ROOT)})
+    cli = subprocess.Popen(
+        [sys.executable, "-m", "mibyan.cli.main", "chat", "-q", "hi", "--base-url", server.base_url],
+        env=environment,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,  # its own process group, killed whole below
+    )
+    try:
+        servers = wait_for(lambda: len(tagged_processes(tag)) == 2)
+    finally:
+        os.killpg(cli.pid, signal.SIGKILL)
+        cli.wait(30)
+    assert servers and wait_for(lambda: not tagged_processes(tag))
+
+
+def wait_for(condition: Any, timeout: float = 30.0) -> Any:
+    """The first truthy value of `condition()` within `timeout` seconds (polled), else that last value."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not (value := condition()) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return value
