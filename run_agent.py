@@ -174,6 +174,7 @@ class AIAgent(
     @property
     def tool_schemas(self) -> tuple[ToolSchema, ...]:
         """The tools the model sees: name, description and argument schema of each."""
+        self.tools.refresh(wait=False)  # MCP servers may have started (or failed) since
         return tuple(self.tools.schemas)
 
     def undo_last_turn(self) -> str | None:

@@ -88,15 +88,18 @@ class ToolRuntime:
         """The spec of a tool this agent may know: one of its MCP tools, else a registered tool."""
         return self.local.get(name) or get_tool(name)
 
-    def refresh(self) -> list[str]:
-        """Bring the MCP tools up to date (servers that started or failed); returns lines to report."""
+    def refresh(self, *, wait: bool = True) -> list[str]:
+        """Bring the MCP tools up to date (servers that started or failed); returns lines to report.
+
+        Before the first request (`wait`), it waits for the servers whose tools are not known yet.
+        """
         if self.mcp is None:
             return []
-        specs = self.mcp.refresh()
+        specs = self.mcp.refresh(wait=wait)
         if specs is not None:
             self.local = specs
             self.schemas = [*self._builtin, *(spec.schema for spec in specs.values())]
-        return self.mcp.notices()
+        return self.mcp.notices() if wait else []
 
     def start_mcp(self) -> None:
         """Start the MCP servers now, if they are not started yet (see McpConnections.start)."""

@@ -332,6 +332,10 @@ class McpConnections:
 
     @staticmethod
     def _wait(future: concurrent.futures.Future[Any], timeout: float) -> None:
+        """Wait for `future`; inside a tool call, an interrupt ends the wait too."""
+        if context.current() is None:  # called from outside the executor: nothing to interrupt it
+            concurrent.futures.wait([future], timeout)
+            return
         wake = context.waker()
         future.add_done_callback(lambda _f: wake())
         context.wait_or_stop(future.done, timeout)

@@ -147,13 +147,13 @@ class McpToolset:
         self._changed.set()
         self._signal.notify()
 
-    def refresh(self) -> dict[str, ToolSpec] | None:
+    def refresh(self, *, wait: bool = True) -> dict[str, ToolSpec] | None:
         """The specs to offer now, or None when nothing changed since the last call.
 
-        The first call waits (interruptibly, until `mcp.start_timeout` after the start) for the servers
-        whose tools are not cached yet: the first request should offer them.
+        The first call with `wait` waits (interruptibly, until `mcp.start_timeout` after the start) for
+        the servers whose tools are not cached yet: the first request should offer them.
         """
-        if not self._waited:
+        if wait and not self._waited:
             self._waited = True
             unknown = [s for s in self.connections.servers.values() if s.tools is None]
             if unknown:
