@@ -5,7 +5,9 @@ The model is the scripted loopback server; everything between it and the MCP ser
 
 from __future__ import annotations
 
+import copy
 import json
+import logging
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -121,7 +123,7 @@ def test_include_exclude_and_names_a_provider_accepts(
 def test_a_broken_or_hanging_server_is_one_line_and_the_run_goes_on(
     server: ScriptedServer, make_agent: Callable[..., Any], mcp_url: str, home: Path
 ) -> None:
-    (home / "config.yaml").write_text("agent: {api_max_retries: 0}\nmcp: {start_timeout: 0.5}\n")
+    (home / "config.yaml").write_text("agent: {api_max_retries: 0}\nmcp: {start_timeout: 0.3}\n")
     notes: list[str] = []
     servers = {
         "missing": {"command": "/nonexistent/mcp-server"},
@@ -134,7 +136,7 @@ def test_a_broken_or_hanging_server_is_one_line_and_the_run_goes_on(
         hung = agent.tools.mcp.connections.servers["hangs"].pid
     assert result["completed"] and tool_results(result) == ["fine"]
     assert sorted(n for n in notes if "MCP" in n) == [
-        "MCP server 'hangs' is left out: did not start within 0.5 s",
+        "MCP server 'hangs' is left out: did not start within 0.3 s",
         "MCP server 'missing' is left out: cannot start /nonexistent/mcp-server: not found",
     ]
     assert hung is not None and not process_alive(hung)
@@ -185,6 +187,32 @@ def test_subagents_share_the_parents_server_process(
     parent_pid, report = tool_results(result)
     assert parent_pid == str(pid) and f"pid {pid}" in report
     assert not process_alive(pid)  # close() stopped it
+
+
+def test_mcp_list_shows_each_server_its_state_and_its_tools(
+    mcp_url: str, home: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from mibyan.cli.main import run_command
+
+    servers = {
+        "web": {"url": mcp_url, "tools": {"exclude": ["odd*"]}},
+        "missing": {"command": "/nonexistent/mcp-server"},
+    }
+    (home / "config.yaml").write_text(json.dumps({"mcp_servers": servers}))
+    monkeypatch.setenv("MIBYAN_HOME", str(home))
+    log = logging.getLogger("mibyan")  # the command sets up its log file: undone after the test
+    for attribute in ("handlers", "propagate", "level"):
+        monkeypatch.setattr(log, attribute, copy.copy(getattr(log, attribute)))
+    assert run_command(["mcp", "list"]) == 0
+    shown = capsys.readouterr().out.splitlines()
+    assert shown[0] == f"web  [ready]  {mcp_url}  (approval: ask)"
+    assert "    mcp__web__echo  (read-only)  Say the text back." in shown
+    assert "    mcp__web__note  Write the text into the file at path." in shown
+    assert "    (1 more left out by tools.include/exclude)" in shown
+    assert shown[-2:] == [
+        "missing  [failed]  /nonexistent/mcp-server  (approval: ask)",
+        "    cannot start /nonexistent/mcp-server: not found",
+    ]
 
 
 def process_alive(pid: int) -> bool:

@@ -64,13 +64,6 @@ def test_a_one_shot_run_lists_reads_and_writes_through_the_reference_servers(
             "broken": {"command": str(tmp_path / "no-such-server")},
         },
     )
-    listing = run_cli("mcp", "list", home=home)
-    assert listing.returncode == 0, listing.stderr
-    assert "files  [ready]" in listing.stdout and "mcp__files__write_file" in listing.stdout
-    assert "mcp__everything__echo  (read-only)" in listing.stdout
-    assert "broken  [failed]" in listing.stdout and "not found" in listing.stdout
-    assert "mcp__guarded__read_file" not in listing.stdout  # left out by include
-
     written = str(folder / "answer.txt")
     server.add(
         Reply(
@@ -94,7 +87,7 @@ def test_a_one_shot_run_lists_reads_and_writes_through_the_reference_servers(
     assert refused.startswith("refused: nobody could be asked") and not (folder / "refused.txt").exists()
     assert echoed == "Echo: hi \x1b]0;title\x07"
     assert "mcp__everything__echo(message='hi \\x1b]0;title\\x07') · ok" in done.stderr  # escaped on screen
-    assert done.stderr.count("MCP server 'broken' is left out") <= 1  # its tools were cached as none
+    assert done.stderr.count("MCP server 'broken' is left out") == 1
     assert tagged_processes(tag) == []
 
 
