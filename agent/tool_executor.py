@@ -106,6 +106,13 @@ class ToolRuntime:
         if self.mcp is not None:
             self.mcp.connections.start()
 
+    def hand_over_mcp(self, successor: ToolRuntime) -> None:
+        """Make `successor` (built on these MCP connections) their owner: closing this runtime leaves
+        them running, closing the successor stops them."""
+        mine, theirs = self.mcp, successor.mcp
+        if mine is not None and theirs is not None and mine.owned and theirs.connections is mine.connections:
+            mine.owned, theirs.owned = False, True
+
     def close(self) -> None:
         """Stop the MCP servers this agent started (a subagent's are its parent's)."""
         if self.mcp is not None:

@@ -16,6 +16,7 @@ from mibyan.cli.prompts import prompt_callbacks
 from mibyan.cli.sanitize import for_stream, visible, visible_json
 
 if TYPE_CHECKING:
+    from mibyan.tools.mcp_connections import McpConnections
     from run_agent import AIAgent
 
 _EXIT_CODES = {
@@ -67,9 +68,14 @@ def _prepare_home() -> None:
 
 
 def make_agent(
-    args: argparse.Namespace, callbacks: dict[str, Any], *, session_id: str | None, model: str | None = None
+    args: argparse.Namespace,
+    callbacks: dict[str, Any],
+    *,
+    session_id: str | None,
+    model: str | None = None,
+    mcp_connections: McpConnections | None = None,
 ) -> AIAgent:
-    """The agent the command-line options describe."""
+    """The agent the command-line options describe (with `mcp_connections`: another agent's servers)."""
     from mibyan.cli.logs import setup_logging
     from mibyan.config.paths import mibyan_home
     from run_agent import AIAgent
@@ -91,6 +97,7 @@ def make_agent(
         session_id=session_id,
         source="cli",
         yolo=args.yolo,
+        mcp_connections=mcp_connections,
         **{**prompt_callbacks(), **callbacks},
     )
 

@@ -143,11 +143,19 @@ class Repl:
         if app is not None and app.is_running and loop is not None:
             loop.call_soon_threadsafe(lambda: app.exit(exception=EOFError()) if app.is_running else None)
 
-    def _build_agent(self, session_id: str | None, model: str | None) -> AIAgent:
+    def _build_agent(
+        self, session_id: str | None, model: str | None, previous: AIAgent | None = None
+    ) -> AIAgent:
         from mibyan.cli.chat import make_agent
 
         assert self._renderer is not None
-        return make_agent(self.args, self._renderer.callbacks(), session_id=session_id, model=model)
+        shared = previous.tools.mcp.connections if previous is not None and previous.tools.mcp else None
+        agent = make_agent(
+            self.args, self._renderer.callbacks(), session_id=session_id, model=model, mcp_connections=shared
+        )
+        if previous is not None:
+            previous.tools.hand_over_mcp(agent.tools)  # the servers live on with the new agent
+        return agent
 
     def ready(self) -> bool:
         return self._ready.is_set() and self._error is None
@@ -173,10 +181,11 @@ class Repl:
     def replace_agent(self, *, session_id: str | None, model: str | None = None) -> None:
         """A new agent for another session or model; /yolo and "for this session" answers carry over.
 
-        The agent it replaces is closed (its database and HTTP connections).
+        The agent it replaces is closed (its database and HTTP connections); its MCP servers are handed
+        to the new agent, so they keep running (and keep their state).
         """
         previous = self.agent
-        self._agent = self._build_agent(session_id, model or previous.runtime.model)
+        self._agent = self._build_agent(session_id, model or previous.runtime.model, previous)
         self._agent.approvals.carry_over_from(previous.approvals)
         previous.close()
 

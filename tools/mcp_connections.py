@@ -15,8 +15,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import hashlib
-import json
 import logging
 import os
 import re
@@ -29,8 +27,9 @@ from typing import IO, Any, Literal
 
 from mibyan.agent.errors import ToolError
 from mibyan.config.mcp import McpServerSettings
-from mibyan.config.paths import private_dir, write_private
+from mibyan.config.paths import private_dir
 from mibyan.tools import context
+from mibyan.tools.mcp_cache import McpTool, ToolCache
 
 log = logging.getLogger("mibyan.mcp")
 
@@ -39,16 +38,6 @@ Status = Literal["starting", "ready", "failed", "stopped"]
 _CLOSE_WAIT = 5.0
 _VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 MISSING_SDK = "the mcp package is not installed (pip install 'mibyan[mcp]')"
-
-
-@dataclass(frozen=True)
-class McpTool:
-    """One tool as its server lists it: its own name, what it says it does, its input schema."""
-
-    name: str
-    description: str
-    input_schema: dict[str, Any]
-    read_only: bool = False
 
 
 @dataclass
@@ -67,12 +56,6 @@ class ServerState:
     client: Any = None
 
 
-def config_key(settings: McpServerSettings) -> str:
-    """The cache key of a server: a hash of what decides which server it is (never of the environment)."""
-    identity = settings.model_dump(include={"command", "args", "env", "cwd", "url", "headers"})
-    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:32]
-
-
 def expand(text: str, env: Mapping[str, str], where: str) -> str:
     """`text` with each `${NAME}` replaced by the variable's value.
 
@@ -86,28 +69,6 @@ def expand(text: str, env: Mapping[str, str], where: str) -> str:
         return env[match.group(1)]
 
     return _VARIABLE.sub(value, text)
-
-
-class ToolCache:
-    """Each server's last tool list, in `$MIBYAN_HOME/cache/mcp/<key>.json` (0600)."""
-
-    def __init__(self, home: Path) -> None:
-        self.folder = home / "cache" / "mcp"
-
-    def load(self, settings: McpServerSettings) -> list[McpTool] | None:
-        try:
-            raw = json.loads((self.folder / f"{config_key(settings)}.json").read_bytes())
-            return [McpTool(**entry) for entry in raw["tools"]]
-        except (OSError, ValueError, TypeError, KeyError):
-            return None
-
-    def save(self, settings: McpServerSettings, tools: list[McpTool]) -> None:
-        data = {"tools": [tool.__dict__ for tool in tools]}
-        try:
-            private_dir(self.folder)
-            write_private(self.folder / f"{config_key(settings)}.json", json.dumps(data).encode())
-        except OSError as exc:  # a read-only home: the next start is slower, nothing worse
-            log.warning("could not cache the tools of an MCP server: %s", exc)
 
 
 class McpConnections:

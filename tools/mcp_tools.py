@@ -28,7 +28,8 @@ from mibyan.agent.errors import ToolError
 from mibyan.agent.interruptible import InterruptSignal
 from mibyan.config.mcp import McpServerSettings
 from mibyan.tools.approval import Verdict, mcp_subject, mcp_verdict
-from mibyan.tools.mcp_connections import MISSING_SDK, McpConnections, McpTool, ServerState
+from mibyan.tools.mcp_cache import McpTool
+from mibyan.tools.mcp_connections import MISSING_SDK, McpConnections, ServerState
 from mibyan.tools.registry import ToolSpec
 
 log = logging.getLogger("mibyan.mcp")

@@ -1,0 +1,58 @@
+"""What mibyan remembers of an MCP server between runs: its tool list, keyed by its configuration.
+
+The first request of a run offers the tools from here, without waiting for the server to start; the
+list is replaced as soon as the server lists its own. A server that failed to start and was never seen
+working is remembered with no tools, so the next start does not wait for it either.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mibyan.config.mcp import McpServerSettings
+from mibyan.config.paths import private_dir, write_private
+
+log = logging.getLogger("mibyan.mcp")
+
+
+@dataclass(frozen=True)
+class McpTool:
+    """One tool as its server lists it: its own name, what it says it does, its input schema."""
+
+    name: str
+    description: str
+    input_schema: dict[str, Any]
+    read_only: bool = False
+
+
+def config_key(settings: McpServerSettings) -> str:
+    """The cache key of a server: a hash of what decides which server it is (never of the environment)."""
+    identity = settings.model_dump(include={"command", "args", "env", "cwd", "url", "headers"})
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:32]
+
+
+class ToolCache:
+    """Each server's last tool list, in `$MIBYAN_HOME/cache/mcp/<key>.json` (0600)."""
+
+    def __init__(self, home: Path) -> None:
+        self.folder = home / "cache" / "mcp"
+
+    def load(self, settings: McpServerSettings) -> list[McpTool] | None:
+        try:
+            raw = json.loads((self.folder / f"{config_key(settings)}.json").read_bytes())
+            return [McpTool(**entry) for entry in raw["tools"]]
+        except (OSError, ValueError, TypeError, KeyError):
+            return None
+
+    def save(self, settings: McpServerSettings, tools: list[McpTool]) -> None:
+        data = {"tools": [tool.__dict__ for tool in tools]}
+        try:
+            private_dir(self.folder)
+            write_private(self.folder / f"{config_key(settings)}.json", json.dumps(data).encode())
+        except OSError as exc:  # a read-only home: the next start is slower, nothing worse
+            log.warning("could not cache the tools of an MCP server: %s", exc)
