@@ -142,6 +142,23 @@ def test_a_broken_or_hanging_server_is_one_line_and_the_run_goes_on(
     assert hung is not None and not process_alive(hung)
 
 
+def test_without_the_sdk_a_configured_server_is_one_line(
+    server: ScriptedServer, make_agent: Callable[..., Any], mcp_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "mcp", None)  # as if `mibyan[mcp]` was not installed
+    notes: list[str] = []
+    server.add(Reply(text="done"))
+    with make_agent(
+        mcp_servers={"web": {"url": mcp_url}}, status_callback=lambda k, m: notes.append(m)
+    ) as agent:
+        result = agent.run_conversation("go")
+    assert result["completed"] and not any(name.startswith("mcp__") for name in offered(server))
+    assert notes == [
+        "MCP servers configured (web) but the mcp package is not installed (pip install 'mibyan[mcp]'): "
+        "going on without them"
+    ]
+
+
 def test_a_call_times_out_or_is_interrupted_and_the_server_stays_usable(
     server: ScriptedServer, make_agent: Callable[..., Any], mcp_url: str, record: Record
 ) -> None:
