@@ -128,6 +128,7 @@ def test_a_broken_or_hanging_server_is_one_line_and_the_run_goes_on(
     servers = {
         "missing": {"command": "/nonexistent/mcp-server"},
         "hangs": {"command": "sh", "args": ["-c", "echo not json; exec sleep 60"]},
+        "nokey": {"url": mcp_url, "headers": {"Authorization": "Bearer ${MIBYAN_UNSET_TOKEN}"}},
         "web": {"url": mcp_url},
     }
     server.add(Reply(tool_calls=[("mcp__web__echo", {"text": "fine"})]), Reply(text="done"))
@@ -138,6 +139,8 @@ def test_a_broken_or_hanging_server_is_one_line_and_the_run_goes_on(
     assert sorted(n for n in notes if "MCP" in n) == [
         "MCP server 'hangs' is left out: did not start within 0.3 s",
         "MCP server 'missing' is left out: cannot start /nonexistent/mcp-server: not found",
+        "MCP server 'nokey' is left out: mcp_servers.nokey.headers.Authorization: ${MIBYAN_UNSET_TOKEN} "
+        "is not set in the environment",
     ]
     assert hung is not None and not process_alive(hung)
 

@@ -36,6 +36,8 @@ log = logging.getLogger("mibyan.mcp")
 Status = Literal["starting", "ready", "failed", "stopped"]
 #: How long close() waits for the servers to stop (each gets its stdin closed, then signals).
 _CLOSE_WAIT = 5.0
+#: The most tools taken from one server: each one's schema is sent with every request.
+MAX_TOOLS = 256
 _VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 MISSING_SDK = "the mcp package is not installed (pip install 'mibyan[mcp]')"
 
@@ -329,9 +331,13 @@ class McpConnections:
 
 
 async def _list_tools(client: Any) -> list[McpTool]:
+    """The server's tools, page by page, up to `MAX_TOOLS` (each costs room in every request)."""
     tools: list[McpTool] = []
     cursor = None
     for _ in range(100):  # a server whose pages never end cannot hold the start forever
+        if len(tools) >= MAX_TOOLS:
+            log.warning("an MCP server lists more than %d tools; the rest are left out", MAX_TOOLS)
+            return tools[:MAX_TOOLS]
         page = await client.list_tools(cursor=cursor)
         for tool in page.tools:
             annotations = tool.annotations
@@ -346,7 +352,7 @@ async def _list_tools(client: Any) -> list[McpTool]:
         cursor = page.next_cursor
         if cursor is None:
             break
-    return tools
+    return tools[:MAX_TOOLS]
 
 
 async def _call(client: Any, tool: str, arguments: dict[str, Any], timeout: float) -> Any:
