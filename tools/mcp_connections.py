@@ -137,6 +137,11 @@ class McpConnections:
         with self._lock:
             self._listeners.append(listener)
 
+    def off_change(self, listener: Callable[[], None]) -> None:
+        with self._lock:
+            if listener in self._listeners:
+                self._listeners.remove(listener)
+
     def wait_settled(self, names: list[str] | None = None, timeout: float | None = None) -> bool:
         """Block until the named servers (all by default) are ready or have failed; False on timeout."""
         self.start()

@@ -225,5 +225,7 @@ class McpToolset:
         return lines
 
     def close(self) -> None:
+        """Stop the servers if this toolset owns them; either way, stop following them."""
+        self.connections.off_change(self._on_change)
         if self.owned:
             self.connections.close()

@@ -145,11 +145,16 @@ async def stdio_transport(
 ) -> AsyncIterator[tuple[Any, Any]]:
     """Start the server and yield the SDK's (read stream, write stream) pair; stop it on the way out.
 
+    `errlog` (the server's stderr) is closed once the server has it.
+
     Raises:
         OSError: the program cannot be started (not found, not executable, no such cwd).
     """
-    with anyio.CancelScope(shield=True):  # a process started must be known, to be stopped
-        process = await _spawn(spec, errlog)
+    try:
+        with anyio.CancelScope(shield=True):  # a process started must be known, to be stopped
+            process = await _spawn(spec, errlog)
+    finally:
+        errlog.close()  # the server has its own copy
     on_started(process.pid)
     assert process.stdout is not None and process.stdin is not None
     read_send, read_receive = anyio.create_memory_object_stream[Any](0)
