@@ -12,23 +12,29 @@ import os
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from conftest import run_in_background
 from loopback import Reply, ScriptedServer
-from mcp_test_server import PNG, Record, serving_http
+
+if TYPE_CHECKING:
+    from mcp_test_server import Record
 
 SERVER_SCRIPT = str(Path(__file__).with_name("mcp_test_server.py"))
 
 
 @pytest.fixture(scope="module")
 def record() -> Record:
+    from mcp_test_server import Record  # the SDK, imported by the tests that use it only
+
     return Record()
 
 
 @pytest.fixture(scope="module")
 def mcp_url(record: Record) -> Iterator[str]:
+    from mcp_test_server import serving_http
+
     with serving_http(record) as url:
         yield url
 
@@ -58,6 +64,8 @@ def test_tools_run_and_their_results_reach_the_model(
     )
     with make_agent(mcp_servers={"web": {"url": mcp_url}}, max_tool_failures=2) as agent:
         result = agent.run_conversation("go")
+    from mcp_test_server import PNG
+
     echo, numbers, picture, failed, failed_again = tool_results(result)
     assert echo == "hello \x1b[2J"  # the model gets the text as it is; terminals get it escaped
     assert json.loads(numbers) == {"sum": 3, "items": [1, 2]}
