@@ -87,7 +87,7 @@ def test_approval_is_per_server_and_read_only_tools_are_not_asked(
     servers = {name: {"url": mcp_url, "approval": name} for name in ("ask", "allow", "deny")}
     calls = [
         ("mcp__ask__echo", {"text": "read-only"}),
-        ("mcp__ask__note", {"path": str(tmp_path / "asked"), "text": "x"}),
+        ("mcp__ask__note", {"path": str(tmp_path / "asked"), "text": "\x1b[2J"}),
         ("mcp__allow__note", {"path": str(tmp_path / "allowed"), "text": "yy"}),
         ("mcp__deny__echo", {"text": "even this"}),
     ]
@@ -110,6 +110,10 @@ def test_approval_is_per_server_and_read_only_tools_are_not_asked(
     command, reason = asked[0]
     assert command.startswith("MCP server ask › mcp__ask__note\n") and str(tmp_path / "asked") in command
     assert reason == "runs mcp__ask__note, a tool of the MCP server 'ask'"
+    from mibyan.cli.prompts import approval_question
+
+    shown = approval_question(command, reason)  # what the terminal shows: no escape sequence acts
+    assert "\x1b" not in shown and '"text": "\\u001b[2J"' in shown
     assert len(asked) == 2  # the "session" answer covers that tool from then on; read-only ones never ask
 
 
