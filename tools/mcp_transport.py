@@ -71,13 +71,13 @@ def _parent_death_signal() -> Callable[[], None] | None:
 async def _read_messages(
     name: str, stdout: asyncio.StreamReader, sink: anyio.abc.ObjectSendStream[Any]
 ) -> None:
+    skipped = 0
     async with sink:
         while True:
             try:
                 line = await stdout.readline()
             except ValueError:  # a line past LINE_LIMIT: the reader dropped it
-                log.warning("MCP server %s wrote a line longer than %d bytes; skipped", name, LINE_LIMIT)
-                continue
+                line = b"(too long)"
             if not line:
                 return
             if not line.strip():
@@ -85,7 +85,9 @@ async def _read_messages(
             try:
                 message = jsonrpc_message_adapter.validate_json(line)
             except ValidationError:
-                log.warning("MCP server %s wrote something that is not JSON-RPC on stdout; skipped", name)
+                skipped += 1
+                if skipped in (1, 100, 10_000):  # the log names it, but is not flooded by it
+                    log.warning("MCP server %s wrote %d lines that are not JSON-RPC; skipped", name, skipped)
                 continue
             await sink.send(SessionMessage(message))
 
