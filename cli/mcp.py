@@ -7,6 +7,7 @@ before it is shown: a server is not mibyan.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from typing import TYPE_CHECKING
 
@@ -22,7 +23,7 @@ _NO_SERVERS = "no MCP servers are configured (mcp_servers: in {where})"
 def _where(state: ServerState) -> str:
     settings = state.settings
     if settings.url is not None:
-        return settings.url
+        return re.sub(r"//[^/@]*@", "//", settings.url)  # no password from the URL on the screen
     return " ".join([settings.command or "", *settings.args])
 
 

@@ -82,6 +82,11 @@ def build_server(record: Record | None = None) -> MCPServer:
         """The server's process id."""
         return str(os.getpid())
 
+    @server.tool(annotations=read_only)
+    def quit() -> str:
+        """End the server's process at once (as a crash would)."""
+        os._exit(3)
+
     @server.tool(name="odd.name with/space" + "x" * 60, annotations=read_only)
     def odd() -> str:
         """A tool whose name no provider takes as it is."""

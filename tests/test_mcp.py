@@ -196,7 +196,7 @@ def test_a_call_times_out_or_is_interrupted_and_the_server_stays_usable(
     assert tool_results(after)[-1] == "still here"
 
 
-def test_subagents_share_the_parents_server_process(
+def test_subagents_share_the_parents_server_and_a_server_that_exits_is_left_out(
     server: ScriptedServer, make_agent: Callable[..., Any]
 ) -> None:
     def reply(body: dict[str, Any]) -> Reply:
@@ -204,21 +204,33 @@ def test_subagents_share_the_parents_server_process(
         child = any(
             str(m.get("content")).startswith("Task: ") for m in body["messages"] if m["role"] == "user"
         )
-        if not results:
-            return Reply(tool_calls=[("mcp__py__pid", {})])
-        if not child and len(results) == 1:
-            return Reply(tool_calls=[("delegate_task", {"goal": "tell me your server's pid"})])
-        return Reply(text=f"pid {results[0]['content']}" if child else "done")
+        if child:
+            return (
+                Reply(text=f"pid {results[0]['content']}")
+                if results
+                else Reply(tool_calls=[("mcp__py__pid", {})])
+            )
+        script = [
+            ("mcp__py__pid", {}),
+            ("delegate_task", {"goal": "tell me your server's pid"}),
+            ("mcp__py__quit", {}),
+            ("mcp__py__pid", {}),
+        ]
+        return Reply(tool_calls=[script[len(results)]]) if len(results) < len(script) else Reply(text="done")
 
     server.default = reply
+    notes: list[str] = []
     servers = {"py": {"command": sys.executable, "args": [SERVER_SCRIPT]}}
-    with make_agent(mcp_servers=servers) as agent:
+    with make_agent(mcp_servers=servers, status_callback=lambda kind, text: notes.append(text)) as agent:
         result = agent.run_conversation("go")
         pid = agent.tools.mcp.connections.servers["py"].pid
-        assert pid is not None and process_alive(pid)
-    parent_pid, report = tool_results(result)
-    assert parent_pid == str(pid) and f"pid {pid}" in report
-    assert not process_alive(pid)  # close() stopped it
+    parent_pid, report, crashed, after = tool_results(result)
+    assert parent_pid == str(pid) and f"pid {pid}" in report  # one process served both agents
+    assert crashed == "error: MCP server 'py': MCPError: Connection closed"
+    assert after == "error: unknown tool 'mcp__py__pid'"
+    assert "MCP server 'py' is left out: the server exited" in notes
+    assert "mcp__py__pid" not in offered(server, -1)  # the next request offers its tools no more
+    assert not process_alive(pid)
 
 
 def test_mcp_list_shows_each_server_its_state_and_its_tools(

@@ -180,7 +180,9 @@ class McpConnections:
             for state in self.servers.values():
                 self._settle(state, "failed", MISSING_SDK)
             return
-        logging.getLogger("mcp").addHandler(logging.NullHandler())  # its records stay off the terminal
+        sdk_log = logging.getLogger("mcp")
+        if not sdk_log.handlers:
+            sdk_log.addHandler(logging.NullHandler())  # its records stay off the terminal
         if self._stop.is_set():  # closed while the SDK was imported
             return
         tasks = [asyncio.create_task(self._serve(state)) for state in self.servers.values()]
@@ -238,10 +240,20 @@ class McpConnections:
             transport = http_transport(settings.url, headers)
         else:
             transport = stdio_transport(
-                state.name, self._stdio_command(state), self._errlog(), lambda pid: setattr(state, "pid", pid)
+                state.name,
+                self._stdio_command(state),
+                self._errlog(),
+                on_started=lambda pid: setattr(state, "pid", pid),
+                on_exit=lambda: self._exited(state),
             )
         info = types.Implementation(name="mibyan", version="0.1.0")
         return Client(transport, client_info=info, mode="auto")
+
+    def _exited(self, state: ServerState) -> None:
+        """A stdio server's output ended: unless it is being stopped, it is gone (crashed, or quit)."""
+        assert self._stop is not None
+        if not self._stop.is_set() and state.status == "ready":
+            self._settle(state, "failed", "the server exited")
 
     def _stdio_command(self, state: ServerState) -> Any:
         from mibyan.tools.mcp_transport import INHERITED, StdioCommand

@@ -69,7 +69,10 @@ def _parent_death_signal() -> Callable[[], None] | None:
 
 
 async def _read_messages(
-    name: str, stdout: asyncio.StreamReader, sink: anyio.abc.ObjectSendStream[Any]
+    name: str,
+    stdout: asyncio.StreamReader,
+    sink: anyio.abc.ObjectSendStream[Any],
+    on_exit: Callable[[], None],
 ) -> None:
     skipped = 0
     async with sink:
@@ -79,6 +82,7 @@ async def _read_messages(
             except ValueError:  # a line past LINE_LIMIT: the reader dropped it
                 line = b"(too long)"
             if not line:
+                on_exit()
                 return
             if not line.strip():
                 continue
@@ -143,11 +147,17 @@ async def _spawn(spec: StdioCommand, errlog: IO[bytes]) -> asyncio.subprocess.Pr
 
 @contextlib.asynccontextmanager
 async def stdio_transport(
-    name: str, spec: StdioCommand, errlog: IO[bytes], on_started: Callable[[int], None]
+    name: str,
+    spec: StdioCommand,
+    errlog: IO[bytes],
+    *,
+    on_started: Callable[[int], None],
+    on_exit: Callable[[], None],
 ) -> AsyncIterator[tuple[Any, Any]]:
     """Start the server and yield the SDK's (read stream, write stream) pair; stop it on the way out.
 
-    `errlog` (the server's stderr) is closed once the server has it.
+    `errlog` (the server's stderr) is closed once the server has it; `on_started` gets the server's
+    pid, `on_exit` is called when its stdout ends (it exited, or is about to).
 
     Raises:
         OSError: the program cannot be started (not found, not executable, no such cwd).
@@ -164,7 +174,7 @@ async def stdio_transport(
     grace = EXIT_GRACE
     try:
         async with anyio.create_task_group() as group:
-            group.start_soon(_read_messages, name, process.stdout, read_send)
+            group.start_soon(_read_messages, name, process.stdout, read_send, on_exit)
             group.start_soon(_write_messages, process.stdin, write_receive)
             try:
                 yield read_receive, write_send
