@@ -36,6 +36,7 @@ log = logging.getLogger("mibyan.mcp")
 Status = Literal["starting", "ready", "failed", "stopped"]
 #: How long close() waits for the servers to stop (each gets its stdin closed, then signals).
 _CLOSE_WAIT = 5.0
+_LOG_LIMIT = 8 * 1024 * 1024
 #: The most tools taken from one server: each one's schema is sent with every request.
 MAX_TOOLS = 256
 _VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -271,11 +272,18 @@ class McpConnections:
         )
 
     def _errlog(self) -> IO[bytes]:
-        """Where the servers' stderr goes: `$MIBYAN_HOME/logs/mcp.log` (0600), else nowhere."""
+        """Where the servers' stderr goes: `$MIBYAN_HOME/logs/mcp.log` (0600), else nowhere.
+
+        The servers write to the file themselves, so it cannot be capped as it grows: a file past
+        `_LOG_LIMIT` is started afresh when a server starts.
+        """
         folder = self._home / "logs"
+        path = folder / "mcp.log"
         try:
             private_dir(folder)
-            fd = os.open(folder / "mcp.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            too_big = path.exists() and path.stat().st_size > _LOG_LIMIT
+            flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | (os.O_TRUNC if too_big else 0)
+            fd = os.open(path, flags, 0o600)
         except OSError:
             fd = os.open(os.devnull, os.O_WRONLY)
         return os.fdopen(fd, "ab", buffering=0)
