@@ -213,7 +213,8 @@ class McpConnections:
                 log.info("MCP server %s failed", state.name, exc_info=exc)  # the user sees one line
                 if state.tools is None:  # known as broken: the next start does not wait for it
                     self._cache.save(state.settings, [])
-                self._settle(state, "failed", _describe(exc))
+                if state.status == "starting":  # not what its stopping raised, once it failed or was up
+                    self._settle(state, "failed", _describe(exc))
             finally:
                 watchdog.cancel()
                 state.client = None
