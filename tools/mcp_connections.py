@@ -227,6 +227,8 @@ class McpConnections:
         await asyncio.sleep(max(0.0, state.deadline - time.monotonic()))
         if state.status == "starting":
             # failed now, not once its process is stopped (that takes a grace period)
+            if state.tools is None:  # the next first request does not wait for it again
+                self._cache.save(state.settings, [])
             self._settle(state, "failed", f"did not start within {self.start_timeout:g} s")
             scope.cancel()
 
