@@ -183,6 +183,7 @@ def test_a_call_times_out_or_is_interrupted_and_the_server_stays_usable(
     server.add(Reply(tool_calls=[("mcp__web__echo", {"text": "still here"})]), Reply(text="done"))
     with make_agent(mcp_servers=servers) as agent:
         timed_out = agent.run_conversation("first")
+        assert record.cancelled.wait(30)  # a call that timed out is cancelled on the server too
         record.waiting.clear()
         record.cancelled.clear()
         worker, outcome = run_in_background(agent, "second")
