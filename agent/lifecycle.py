@@ -2,9 +2,8 @@
 
 An agent owns a SQLite connection (the session store), an SDK client with its HTTP connections, and the
 connections to its MCP servers, with their processes (tool calls run on daemon threads and own nothing
-to close). Whoever is done with an agent closes it: delegation
-its subagents, the chat the agent that /new, /resume or /model replaces, so a long-lived process does not
-collect connections.
+to close). Whoever is done with an agent closes it: delegation its subagents, the chat the agent that
+/new, /resume or /model replaces, so a long-lived process does not collect connections.
 """
 
 from __future__ import annotations

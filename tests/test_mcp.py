@@ -197,40 +197,41 @@ def test_a_call_times_out_or_is_interrupted_and_the_server_stays_usable(
     assert tool_results(after)[-1] == "still here"
 
 
-def test_subagents_share_the_parents_server_and_a_server_that_exits_is_left_out(
-    server: ScriptedServer, make_agent: Callable[..., Any]
+def test_subagents_share_the_parents_server_and_approvals_and_a_server_that_exits_is_left_out(
+    server: ScriptedServer, make_agent: Callable[..., Any], tmp_path: Path
 ) -> None:
+    def note(name: str) -> tuple[str, dict[str, Any]]:
+        return ("mcp__py__note", {"path": str(tmp_path / name), "text": name})
+
+    parent = [note("parent"), ("mcp__py__pid", {}), ("delegate_task", {"goal": "note, then your pid"})]
+    parent += [("mcp__py__quit", {}), ("mcp__py__pid", {})]
+    child = [note("child"), ("mcp__py__pid", {})]
+
     def reply(body: dict[str, Any]) -> Reply:
-        results = [m for m in body["messages"] if m["role"] == "tool"]
-        child = any(
-            str(m.get("content")).startswith("Task: ") for m in body["messages"] if m["role"] == "user"
-        )
-        if child:
-            return (
-                Reply(text=f"pid {results[0]['content']}")
-                if results
-                else Reply(tool_calls=[("mcp__py__pid", {})])
-            )
-        script = [
-            ("mcp__py__pid", {}),
-            ("delegate_task", {"goal": "tell me your server's pid"}),
-            ("mcp__py__quit", {}),
-            ("mcp__py__pid", {}),
-        ]
-        return Reply(tool_calls=[script[len(results)]]) if len(results) < len(script) else Reply(text="done")
+        results = [m["content"] for m in body["messages"] if m["role"] == "tool"]
+        users = [str(m.get("content")) for m in body["messages"] if m["role"] == "user"]
+        script = child if users[0].startswith("Task: ") else parent
+        if len(results) < len(script):
+            return Reply(tool_calls=[script[len(results)]])
+        return Reply(text=f"child: {results}" if script is child else "done")
 
     server.default = reply
+    asked: list[str] = []
     notes: list[str] = []
     servers = {"py": {"command": sys.executable, "args": [SERVER_SCRIPT]}}
-    with make_agent(mcp_servers=servers, status_callback=lambda kind, text: notes.append(text)) as agent:
+    with make_agent(
+        mcp_servers=servers,
+        approval_callback=lambda command, reason: asked.append(command) or "session",
+        status_callback=lambda kind, text: notes.append(text),
+    ) as agent:
         result = agent.run_conversation("go")
         pid = agent.tools.mcp.connections.servers["py"].pid
-    parent_pid, report, crashed, after = tool_results(result)
-    assert parent_pid == str(pid) and f"pid {pid}" in report  # one process served both agents
+    _wrote, parent_pid, report, crashed, after = tool_results(result)
+    assert parent_pid == str(pid) and f"'{pid}'" in report  # one process served both agents
+    assert (tmp_path / "child").read_text() == "child" and len(asked) == 1  # the session's answer held
     assert crashed == "error: MCP server 'py': MCPError: Connection closed"
-    assert after == "error: unknown tool 'mcp__py__pid'"
+    assert after == "error: unknown tool 'mcp__py__pid'"  # offered no more
     assert "MCP server 'py' is left out: the server exited" in notes
-    assert "mcp__py__pid" not in offered(server, -1)  # the next request offers its tools no more
     assert not process_alive(pid)
 
 
