@@ -186,6 +186,7 @@ def start_mcp(
         settings.mcp_servers,
         home=agent.home,
         start_timeout=settings.mcp.start_timeout,
+        cwd=agent.workdir,
     )
     return McpToolset(
         connections,

@@ -82,6 +82,8 @@ class McpConnections:
         home: the mibyan home (the tool cache, the servers' stderr log).
         start_timeout: seconds each server may take to start and list its tools.
         env: the environment `${NAME}`s come from, and what a stdio server inherits from.
+        cwd: where a stdio server without `cwd:` runs (and a relative `cwd:` is taken from): the
+            agent's working directory; the process's when None.
     """
 
     def __init__(
@@ -91,11 +93,13 @@ class McpConnections:
         home: Path,
         start_timeout: float,
         env: Mapping[str, str] | None = None,
+        cwd: Path | None = None,
     ) -> None:
         import importlib.util
 
         self._env = dict(os.environ if env is None else env)
         self._home = home
+        self._cwd = cwd
         self._cache = ToolCache(home)
         self.start_timeout = start_timeout
         self.servers = {
@@ -271,7 +275,7 @@ class McpConnections:
             command=os.path.expanduser(settings.command),
             args=tuple(expand(a, self._env, f"{where}.args") for a in settings.args),
             env=env,
-            cwd=os.path.expanduser(settings.cwd) if settings.cwd else None,
+            cwd=str(Path(self._cwd or Path.cwd()) / os.path.expanduser(settings.cwd or ".")),
         )
 
     def _errlog(self) -> IO[bytes]:
