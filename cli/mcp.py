@@ -39,7 +39,8 @@ def describe(connections: McpConnections, offered: set[str] | None = None) -> li
 
     lines: list[str] = []
     for state in connections.servers.values():
-        status = state.status + ("" if state.live or state.tools is None else ", tools from the cache")
+        cached = state.status == "starting" and state.tools is not None
+        status = state.status + (", tools from the cache" if cached else "")
         approval = state.settings.approval
         lines.append(f"{state.name}  [{status}]  {_where(state)}  (approval: {approval})")
         if state.error:
