@@ -45,7 +45,7 @@ def describe(connections: McpConnections, offered: set[str] | None = None) -> li
         lines.append(f"{state.name}  [{status}]  {_where(state)}  (approval: {approval})")
         if state.error:
             lines.append(f"    {state.error}")
-        tools = state.tools or []
+        tools = (state.tools or []) if state.status in ("starting", "ready") else []
         shown = selected(tools, state.settings)
         taken: list[str] = []
         for tool in shown:
