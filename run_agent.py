@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
     from agent_state import SessionStore
     from mibyan.agent.hooks import Hooks
-    from mibyan.agent.providers import ProviderRuntime
+    from mibyan.agent.providers import ProviderHealth, ProviderRuntime
     from mibyan.tools.approval import ApprovalPolicy
     from mibyan.tools.sandbox import Sandbox
 
@@ -72,6 +72,10 @@ class AIAgent(
         sandbox: confine commands with this sandbox instead of the one `sandbox:` configures.
         max_tool_failures: consecutive failures of one tool before the model is told to change course
             (`agent.max_tool_failures`, default 3).
+        provider_health: a `ProviderHealth` shared with other agents (a gateway agent's runs share one):
+            a provider that failed in any of them is skipped for `agent.health_check_interval`, and each
+            turn starts on the first provider of the chain that has not failed within it. Without one,
+            the agent keeps its own record for choosing a fallback, and each turn starts with the primary.
         **callbacks: the callbacks of `agent.callbacks.Callbacks`, by name.
 
     Use it as a context manager (`with AIAgent(...) as agent:`), or call `close()` when done: it holds a
@@ -102,6 +106,7 @@ class AIAgent(
         max_tool_failures: int | None = None,
         workdir: str | os.PathLike[str] | None = None,
         sandbox: Sandbox | None = None,
+        provider_health: ProviderHealth | None = None,
         **callbacks: Any,
     ) -> None:
         init_agent(
@@ -125,6 +130,7 @@ class AIAgent(
             max_tool_failures=max_tool_failures,
             workdir=workdir,
             sandbox=sandbox,
+            provider_health=provider_health,
             callbacks=callbacks,
         )
 
