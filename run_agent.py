@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
     from agent_state import SessionStore
     from mibyan.agent.hooks import Hooks
-    from mibyan.agent.providers import ProviderRuntime
+    from mibyan.agent.providers import ProviderHealth, ProviderRuntime
     from mibyan.tools.approval import ApprovalPolicy
     from mibyan.tools.mcp_connections import McpConnections
     from mibyan.tools.sandbox import Sandbox
@@ -77,6 +77,10 @@ class AIAgent(
             configuration (an editor's servers, say), joined to the configured ones.
         mcp_connections: the running MCP servers of another agent to use instead of starting the
             configured ones (a subagent shares its parent's); the other agent stays their owner.
+        provider_health: a `ProviderHealth` shared with other agents (a gateway agent's runs share one):
+            a provider that failed in any of them is skipped for `agent.health_check_interval`, and each
+            turn starts on the first provider of the chain that has not failed within it. Without one,
+            the agent keeps its own record for choosing a fallback, and each turn starts with the primary.
         **callbacks: the callbacks of `agent.callbacks.Callbacks`, by name.
 
     Use it as a context manager (`with AIAgent(...) as agent:`), or call `close()` when done: it holds a
@@ -109,6 +113,7 @@ class AIAgent(
         sandbox: Sandbox | None = None,
         mcp_servers: dict[str, dict[str, Any]] | None = None,
         mcp_connections: McpConnections | None = None,
+        provider_health: ProviderHealth | None = None,
         **callbacks: Any,
     ) -> None:
         init_agent(
@@ -134,6 +139,7 @@ class AIAgent(
             sandbox=sandbox,
             mcp_servers=mcp_servers,
             mcp_connections=mcp_connections,
+            provider_health=provider_health,
             callbacks=callbacks,
         )
 

@@ -11,7 +11,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mibyan.agent.errors import ConfigError
-from mibyan.agent.providers import ProviderRuntime, ProviderState, adapter_for, build_client, resolve_runtime
+from mibyan.agent.providers import (
+    ProviderHealth,
+    ProviderRuntime,
+    ProviderState,
+    adapter_for,
+    build_client,
+    resolve_runtime,
+)
 from mibyan.agent.session import new_session_id
 from mibyan.config.loader import AgentSettings, load_settings, mibyan_home
 from mibyan.config.paths import write_private
@@ -87,6 +94,7 @@ def init_agent(
     mcp_connections: McpConnections | None = None,
     workdir: str | os.PathLike[str] | None = None,
     sandbox: Sandbox | None = None,
+    provider_health: ProviderHealth | None = None,
 ) -> None:
     """Wire a new AIAgent: settings, provider runtime, adapter, tools, callbacks and session."""
     from mibyan.agent.callbacks import Callbacks
@@ -134,6 +142,8 @@ def init_agent(
         runtime=runtime,
         primary=runtime,
         adapter=adapter_for(runtime.api_mode, settings),
+        health=provider_health or ProviderHealth(),
+        shared_health=provider_health is not None,
         http_transport=http_transport,
     )
     agent._signal = InterruptSignal()

@@ -7,6 +7,8 @@ the turn phases that use it (turn_api_call.py, turn_api_error.py) and the side-t
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -171,6 +173,32 @@ def adapter_for(api_mode: str, settings: AgentSettings) -> Adapter:
     return ChatCompletionsAdapter()
 
 
+class ProviderHealth:
+    """When each provider (and model) last failed, so a failover skips it for a while.
+
+    Thread-safe: agents in several threads may share one record (a gateway agent's runs do), so a
+    provider that failed in one of them is skipped by all of them for `agent.health_check_interval`.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._failed: dict[tuple[str, str], float] = {}
+
+    def mark_failed(self, provider: str, model: str) -> None:
+        """Record that `provider` failed now for `model`."""
+        with self._lock:
+            self._failed[(provider, model)] = time.monotonic()
+
+    def failed_within(self, provider: str, model: str, interval: float) -> float | None:
+        """Seconds since `provider` failed for `model`, when that was less than `interval` ago; else None."""
+        with self._lock:
+            failed_at = self._failed.get((provider, model))
+        if failed_at is None:
+            return None
+        ago = time.monotonic() - failed_at
+        return ago if ago < interval else None
+
+
 @dataclass
 class ProviderState:
     """The provider side of an agent: who it talks to now, how, and who failed lately.
@@ -179,7 +207,9 @@ class ProviderState:
         runtime: the provider talked to now (after a failover, a fallback).
         primary: the provider each user turn starts with.
         adapter: the wire adapter of `runtime`'s API mode.
-        failed: (provider, model) → when it last failed, so a failover skips it for a while.
+        health: when each provider last failed (its own, or one shared with other agents).
+        shared_health: `health` is shared, so a turn starts on the first provider that has not failed
+            lately; with a record of its own, each turn starts with the primary.
         client: the SDK client of `runtime` and its transport, made on first use.
         http_transport: the transport under every client (None: real connections).
     """
@@ -187,7 +217,8 @@ class ProviderState:
     runtime: ProviderRuntime
     primary: ProviderRuntime
     adapter: Adapter
-    failed: dict[tuple[str, str], float] = field(default_factory=dict)
+    health: ProviderHealth = field(default_factory=ProviderHealth)
+    shared_health: bool = False
     client: tuple[Any, AbortableTransport] | None = None
     http_transport: httpx2.BaseTransport | None = None
 

@@ -10,7 +10,6 @@ import dataclasses
 import logging
 import os
 import random
-import time
 from typing import Any
 from urllib.parse import urlparse
 
@@ -130,7 +129,9 @@ class ApiErrorMixin(AgentBase):
     Transient failures are retried on the same provider (`agent.api_max_retries`, back-off with jitter,
     a server's retry-after honoured up to `agent.max_retry_wait`). When the provider keeps failing, or
     asks to wait longer than that, the next provider of `fallback_providers` continues the conversation;
-    a 401/403 first re-reads the key once. The primary is tried again at the next user turn.
+    a 401/403 first re-reads the key once. The primary is tried again at the next user turn, unless
+    the agent shares its health record (`provider_health`) and the primary failed within
+    `agent.health_check_interval`: then the turn starts on the first fallback that has not.
     """
 
     def _call_with_retries(
@@ -226,18 +227,25 @@ class ApiErrorMixin(AgentBase):
 
     def _fail_over(self, error: ProviderError) -> bool:
         """Switch to the next healthy fallback provider; False when none is left."""
-        now = time.monotonic()
-        self.provider.failed[(self.provider.runtime.provider, self.provider.runtime.model)] = now
+        runtime = self.provider.runtime
+        self.provider.health.mark_failed(runtime.provider, runtime.model)
+        fallback = self._healthy_fallback(runtime.fallback_index)
+        if fallback is None:
+            return False
+        self._switch_runtime(fallback, f"{error.reason}: {error}")
+        return True
+
+    def _healthy_fallback(self, start: int) -> ProviderRuntime | None:
+        """The first entry of `fallback_providers` from `start` on that has not failed lately."""
         interval = self.settings.agent.health_check_interval
         chain = self.settings.fallback_providers
-        for index in range(self.provider.runtime.fallback_index, len(chain)):
+        for index in range(start, len(chain)):
             entry = chain[index]
             model = entry.model or self.provider.primary.model
-            failed_at = self.provider.failed.get((entry.provider, model))
-            if failed_at is not None and now - failed_at < interval:
+            if self.provider.health.failed_within(entry.provider, model, interval) is not None:
                 continue
             try:
-                runtime = resolve_runtime(
+                return resolve_runtime(
                     self.settings,
                     provider=entry.provider,
                     model=model,
@@ -251,10 +259,7 @@ class ApiErrorMixin(AgentBase):
                 self.callbacks.emit(
                     "status_callback", "failover", f"skipping fallback {entry.provider}: {exc}"
                 )
-                continue
-            self._switch_runtime(runtime, f"{error.reason}: {error}")
-            return True
-        return False
+        return None
 
     def _switch_runtime(self, runtime: ProviderRuntime, why: str) -> None:
         old = self.provider.runtime
@@ -264,9 +269,29 @@ class ApiErrorMixin(AgentBase):
         self.session.store.record_event(self.session.session_id, "provider_switch", message)
 
     def _restore_primary(self) -> None:
-        """At a new user turn the primary provider gets another chance."""
-        if self.provider.runtime is not self.provider.primary:
+        """At a new user turn the primary provider gets another chance.
+
+        With a shared health record (a gateway agent's runs), a primary that failed within
+        `agent.health_check_interval` is skipped: the turn starts on the first fallback that has not.
+        """
+        skipped = self._primary_skipped()
+        fallback = self._healthy_fallback(0) if skipped else None
+        if skipped and fallback is not None:
+            if self.provider.runtime.fallback_index != fallback.fallback_index:
+                self._switch_runtime(fallback, skipped)
+        elif self.provider.runtime is not self.provider.primary:
             self._switch_runtime(self.provider.primary, "new turn: trying the primary again")
+
+    def _primary_skipped(self) -> str | None:
+        """Why a turn should not start with the primary (it failed lately, for this or another agent)."""
+        if not self.provider.shared_health:
+            return None
+        primary = self.provider.primary
+        interval = self.settings.agent.health_check_interval
+        ago = self.provider.health.failed_within(primary.provider, primary.model, interval)
+        if ago is None:
+            return None
+        return f"{primary.provider}/{primary.model} failed {ago:.0f} s ago; skipped for {interval:g} s"
 
 
 def located(error: ProviderError, runtime: ProviderRuntime) -> ProviderError:

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import os
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mibyan.agent.errors import ConfigError
+from mibyan.agent.providers import ProviderHealth
 from mibyan.config.gateway import GatewayAgent
 from mibyan.config.loader import AgentSettings
 from mibyan.config.paths import private_dir, write_private
@@ -50,11 +51,14 @@ class AgentInstance:
         entry: the agent's `agents:` entry.
         settings: the gateway's resolved configuration (the agent's defaults come from it).
         home: the mibyan home (its state.db holds every agent's sessions).
+        health: when its providers last failed, shared by all its runs on every channel: a provider
+            that failed is skipped by the next runs for `agent.health_check_interval`.
     """
 
     entry: GatewayAgent
     settings: AgentSettings
     home: Path
+    health: ProviderHealth = field(default_factory=ProviderHealth, compare=False)
 
     @property
     def id(self) -> str:
@@ -179,6 +183,7 @@ class AgentInstance:
             workspace=self.workspace,
             workdir=self.workdir,
             sandbox=self.sandbox(),
+            provider_health=self.health,
             **callbacks,
         )
 

@@ -696,3 +696,49 @@ def test_the_same_conversation_without_a_channel_repeated_with_its_key_runs_once
 
     assert again.parse().choices[0].message.content == first.parse().choices[0].message.content
     assert len(server.requests) == 1
+
+
+def test_a_failed_provider_is_skipped_by_the_agents_next_runs_and_an_overflow_compacts_the_channel(
+    home: Path,
+) -> None:
+    overflowed: list[str] = []
+
+    def backup_reply(body: dict[str, Any]) -> Reply:
+        if "You compress the middle of a conversation" in json.dumps(body["messages"][:1]):
+            return Reply(text="## Goal\nCount to four.\n")
+        last = user_texts(body)[-1]
+        if last == "three" and not overflowed:
+            overflowed.append(last)
+            return Reply(status=400, error_body={"error": {"message": "maximum context length exceeded"}})
+        return Reply(text=f"backup answers {last}")
+
+    with ScriptedServer() as primary, ScriptedServer(backup_reply) as backup:
+        primary.default = lambda body: Reply(status=503, error_body={"error": {"message": "down"}})
+        write_config(home, {"local": primary.base_url, "backup": backup.base_url}, [MEEPA])
+        config = yaml.safe_load((home / "config.yaml").read_text())
+        config["fallback_providers"] = [{"provider": "backup", "model": "backup-model"}]
+        config["agent"]["health_check_interval"] = 3600
+        config["compression"] = {"protect_last_n": 2}
+        (home / "config.yaml").write_text(yaml.safe_dump(config))
+        with RunningGateway(home) as gateway:
+            answers = [
+                ask(gateway, text, channel=channel).parse().choices[0].message.content
+                for text, channel in (
+                    ("one", "ann"),
+                    ("two", "ben"),
+                    ("again", "ann"),
+                    ("three", "ann"),
+                    ("four", "ann"),
+                )
+            ]
+
+    assert answers == [f"backup answers {n}" for n in ("one", "two", "again", "three", "four")]
+    assert len(primary.requests) == 1  # the first run's failure; no later run, on any channel, asked it
+    assert {seen.body["model"] for seen in backup.requests} == {"backup-model"}
+    assert overflowed == [
+        "three"
+    ]  # it overflowed once: the channel's session was compacted (a summary call), then the call retried
+    to_backup = [json.dumps(seen.body["messages"]) for seen in backup.requests]
+    retried, four = to_backup[-2], to_backup[-1]
+    assert "Count to four." in retried and "backup answers one" not in retried
+    assert "Count to four." in four and "backup answers three" in four and "backup answers one" not in four

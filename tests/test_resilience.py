@@ -81,6 +81,40 @@ def test_a_failing_primary_hands_the_conversation_to_the_fallback(server: Script
     assert server.requests[before].body["model"] == "primary-model"
 
 
+def test_agents_sharing_a_health_record_skip_a_failed_primary_for_the_interval(
+    server: ScriptedServer, home: Path
+) -> None:
+    from mibyan.agent.providers import ProviderHealth
+    from run_agent import AIAgent
+
+    def set_interval(seconds: int) -> None:
+        with_fallback(home, server, retries=0)
+        text = (home / "config.yaml").read_text()
+        configure(
+            home,
+            text.replace("max_retry_wait: 0.1}", f"max_retry_wait: 0.1, health_check_interval: {seconds}}}"),
+        )
+
+    server.default = lambda body: (
+        overloaded(529) if body["model"] == "primary-model" else Reply(text="backup")
+    )
+    health = ProviderHealth()
+
+    def models_asked(agent: AIAgent) -> list[str]:
+        before = len(server.requests)
+        with agent:
+            assert agent.run_conversation("hi")["final_response"] == "backup"
+        return [seen.body["model"] for seen in server.requests[before:]]
+
+    set_interval(3600)
+    assert models_asked(AIAgent(home=home, provider_health=health)) == ["primary-model", "backup-model"]
+    assert models_asked(AIAgent(home=home, provider_health=health)) == ["backup-model"]
+    # an agent with its own record (the command line's) starts each turn with the primary, as before
+    assert models_asked(AIAgent(home=home)) == ["primary-model", "backup-model"]
+    set_interval(0)  # the interval has passed: the primary is asked again
+    assert models_asked(AIAgent(home=home, provider_health=health)) == ["primary-model", "backup-model"]
+
+
 def test_a_long_retry_after_fails_over_at_once(server: ScriptedServer, home: Path) -> None:
     from run_agent import AIAgent
 
