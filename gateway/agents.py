@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -23,6 +24,7 @@ from mibyan.config.loader import AgentSettings
 from mibyan.config.paths import private_dir, write_private
 
 if TYPE_CHECKING:
+    from mibyan.tools.mcp_connections import McpConnections
     from mibyan.tools.sandbox import Sandbox
     from run_agent import AIAgent
 
@@ -59,6 +61,9 @@ class AgentInstance:
     settings: AgentSettings
     home: Path
     health: ProviderHealth = field(default_factory=ProviderHealth, compare=False)
+    # the one McpConnections of all its runs, once made (a list, as the instance itself is frozen)
+    _mcp: list[McpConnections] = field(default_factory=list, compare=False, repr=False)
+    _mcp_lock: threading.Lock = field(default_factory=threading.Lock, compare=False, repr=False)
 
     @property
     def id(self) -> str:
@@ -184,8 +189,32 @@ class AgentInstance:
             workdir=self.workdir,
             sandbox=self.sandbox(),
             provider_health=self.health,
+            mcp_connections=self.mcp_connections(),
             **callbacks,
         )
+
+    def mcp_connections(self) -> McpConnections:
+        """The MCP servers all of this agent's runs share: started once (with its first run, in the
+        background), stopped by close(), rather than once per message.
+
+        An isolated agent gets none: a server runs outside the sandbox, so its tools would reach what the
+        agent's own commands cannot.
+        """
+        from mibyan.tools.mcp_connections import McpConnections
+
+        with self._mcp_lock:
+            if not self._mcp:
+                servers = {} if self.entry.isolation.enabled else self.settings.mcp_servers
+                timeout = self.settings.mcp.start_timeout
+                connections = McpConnections(servers, home=self.home, start_timeout=timeout, cwd=self.workdir)
+                self._mcp.append(connections)
+            return self._mcp[0]
+
+    def close(self) -> None:
+        """Stop the agent's MCP servers (after its last run)."""
+        with self._mcp_lock:
+            for connections in self._mcp:
+                connections.close()
 
     def write_agents_md(self) -> Path:
         """(Re)write the workspace's AGENTS.md: the agent's tools, memory layers and skills, for its prompt.

@@ -378,9 +378,12 @@ class Gateway:
             agent.interrupt()
 
     def close(self) -> None:
-        """Release the worker threads and the store (after `drain` and the connectors' stop)."""
+        """Release the worker threads, the agents' MCP servers and the store (after `drain` and the
+        connectors' stop)."""
         self._pool.shutdown(wait=True)
         self._io.shutdown(wait=True)
+        for instance in self.agents.values():
+            instance.close()
         self.store.close()
 
 

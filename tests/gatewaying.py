@@ -26,8 +26,10 @@ def write_config(
     *,
     connectors: list[dict[str, Any]] | None = None,
     gateway: dict[str, Any] | None = None,
+    extra: dict[str, Any] | None = None,
 ) -> None:
-    """A home config.yaml with one loopback provider per (name → base URL) and the given agents."""
+    """A home config.yaml with one loopback provider per (name → base URL) and the given agents (and
+    `extra` top-level keys)."""
     config: dict[str, Any] = {
         "agent": {"api_max_retries": 0, "stream": True},
         "providers": {
@@ -39,6 +41,7 @@ def write_config(
     }
     if gateway:
         config["gateway"] = gateway
+    config.update(extra or {})
     (home / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
 
 

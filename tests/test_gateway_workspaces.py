@@ -4,6 +4,7 @@ isolated one's commands see only that workspace and have no network."""
 from __future__ import annotations
 
 import socket
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,7 @@ from gatewaying import TOKEN, RunningGateway, write_config
 from loopback import Reply, ScriptedServer
 from sandboxing import needs_bwrap
 from test_gateway import MEEPA, ask
+from test_mcp_cli import SERVER_SCRIPT
 
 from agent_state import SessionStore
 
@@ -98,7 +100,8 @@ def test_an_isolated_agents_commands_reach_only_its_workspace_and_no_network(
     port = listener.getsockname()[1]
     (tmp_path / "outside.txt").write_text("the host's file")
     agents = [MEEPA, {"id": "iso", "provider": "local", "isolation": {"enabled": True}}]
-    write_config(home, {"local": server.base_url}, agents)
+    mcp = {"py": {"command": sys.executable, "args": [str(SERVER_SCRIPT)], "approval": "allow"}}
+    write_config(home, {"local": server.base_url}, agents, extra={"mcp_servers": mcp})
 
     def probe(name: str) -> str:
         connect = f"import socket; socket.create_connection(('127.0.0.1', {port}), 5); print('connected')"
@@ -121,6 +124,7 @@ def test_an_isolated_agents_commands_reach_only_its_workspace_and_no_network(
     (isolated, isolated_read, escape), (plain, _, _) = (tool_results(server.requests[i].body) for i in (1, 3))
     offered = [{tool["function"]["name"] for tool in server.requests[i].body["tools"]} for i in (0, 2)]
     assert "web_fetch" not in offered[0] and "web_fetch" in offered[1]  # no network from outside it either
+    assert "mcp__py__note" not in offered[0] and "mcp__py__note" in offered[1]  # MCP servers run outside
     assert (home / "agents" / "iso" / "workspace" / "in.txt").read_text() == "inside\n"
     assert not (tmp_path / "escape-iso.txt").exists() and (tmp_path / "escape-meepa.txt").exists()
     assert "the host's file" not in isolated and "the host's file" in plain

@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 from conftest import ROOT, run_cli
+from gatewaying import RunningGateway
+from gatewaying import write_config as write_gateway_config
 from loopback import Reply, ScriptedServer
 
 BIN = ROOT / "tests" / "node" / "node_modules" / ".bin"
@@ -117,6 +119,27 @@ def test_no_server_outlives_a_killed_cli(server: ScriptedServer, home: Path) -> 
         os.killpg(cli.pid, signal.SIGKILL)
         cli.wait(30)
     assert servers and wait_for(lambda: not tagged_processes(tag))
+
+
+def test_a_gateway_agents_runs_share_one_server_stopped_with_the_gateway(
+    server: ScriptedServer, home: Path
+) -> None:
+    tag = uuid.uuid4().hex
+    mcp = {"py": {"command": sys.executable, "args": [str(SERVER_SCRIPT)], "env": {"MIBYAN_TEST_TAG": tag}}}
+    agent = {"id": "meepa", "default": True, "provider": "local"}
+    write_gateway_config(home, {"local": server.base_url}, [agent], extra={"mcp_servers": mcp})
+    for _ in ("ann", "ben"):
+        server.add(Reply(tool_calls=[("mcp__py__pid", {})]), Reply(text="done"))
+    with RunningGateway(home) as gateway:
+        for channel in ("ann", "ben"):
+            gateway.client().chat.completions.create(
+                model="meepa", messages=[{"role": "user", "content": "pid?"}], user=channel
+            )
+        running = tagged_processes(tag)
+        assert gateway.terminate() == 0
+    pids = [m["content"] for r in server.requests for m in r.body["messages"] if m["role"] == "tool"]
+    assert len(pids) == 2 and pids[0] == pids[1] == str(running[0]) and len(running) == 1
+    assert wait_for(lambda: not tagged_processes(tag))
 
 
 def wait_for(condition: Any, timeout: float = 30.0) -> Any:
