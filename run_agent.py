@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from mibyan.tools.approval import ApprovalPolicy
     from mibyan.tools.mcp_connections import McpConnections
     from mibyan.tools.sandbox import Sandbox
+    from mibyan.tools.context import FileAccess
 
 __all__ = ["AIAgent"]
 
@@ -81,6 +82,8 @@ class AIAgent(
             a provider that failed in any of them is skipped for `agent.health_check_interval`, and each
             turn starts on the first provider of the chain that has not failed within it. Without one,
             the agent keeps its own record for choosing a fallback, and each turn starts with the primary.
+        file_access: where read_file, write_file and patch read and write text instead of the disk
+            (an editor's buffers); the path policy applies all the same.
         **callbacks: the callbacks of `agent.callbacks.Callbacks`, by name.
 
     Use it as a context manager (`with AIAgent(...) as agent:`), or call `close()` when done: it holds a
@@ -114,6 +117,7 @@ class AIAgent(
         mcp_servers: dict[str, dict[str, Any]] | None = None,
         mcp_connections: McpConnections | None = None,
         provider_health: ProviderHealth | None = None,
+        file_access: FileAccess | None = None,
         **callbacks: Any,
     ) -> None:
         init_agent(
@@ -141,6 +145,7 @@ class AIAgent(
             mcp_connections=mcp_connections,
             provider_health=provider_health,
             callbacks=callbacks,
+            file_access=file_access,
         )
 
     @property

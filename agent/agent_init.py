@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from mibyan.agent.skills import SemanticMatcher
     from mibyan.tools.mcp_connections import McpConnections
     from mibyan.tools.mcp_tools import McpToolset
+    from mibyan.tools.context import FileAccess
     from mibyan.tools.sandbox import Sandbox
     from run_agent import AIAgent
 
@@ -95,6 +96,7 @@ def init_agent(
     workdir: str | os.PathLike[str] | None = None,
     sandbox: Sandbox | None = None,
     provider_health: ProviderHealth | None = None,
+    file_access: FileAccess | None = None,
 ) -> None:
     """Wire a new AIAgent: settings, provider runtime, adapter, tools, callbacks and session."""
     from mibyan.agent.callbacks import Callbacks
@@ -155,6 +157,7 @@ def init_agent(
         settings, home_path, agent.callbacks, source=source, workdir=agent.workdir
     )
     denied = [*settings.tools.deny, *(denied_tools or [])]
+    agent.file_access = file_access
     agent.tools = ToolRuntime(
         schemas=get_tool_definitions(settings.tools.toolsets, allow=settings.tools.allow, deny=denied),
         approvals=ApprovalPolicy(

@@ -43,6 +43,7 @@ if TYPE_CHECKING:
         TurnState,
     )
     from mibyan.config.loader import AgentSettings
+    from mibyan.tools.context import FileAccess
     from mibyan.tools.sandbox import Sandbox
 
 
@@ -76,6 +77,8 @@ class AgentCore(ABC):
     _estimator: TokenEstimator
     _window: int
     _context_engine: ContextEngine | None
+    # where the file tools read and write text (an editor's buffers); None: the disk
+    file_access: FileAccess | None
 
     # -- running: interrupts, subagents, one conversation at a time -----------------------------------
     _signal: InterruptSignal

@@ -249,6 +249,8 @@ class ToolExecutorMixin(AgentBase):
             workdir=self.workdir,
             agent_folder=self.workspace,
             isolated=self.sandbox.isolated,
+            call_id=plan.call_id,
+            files=self.file_access,
         )
         token = context.bind(bound)
         try:
@@ -290,7 +292,12 @@ class ToolExecutorMixin(AgentBase):
 
     def _run_with_progress(self, plan: PlannedCall, turn: TurnState) -> tuple[str, bool]:
         started = time.monotonic()
-        self.callbacks.emit("tool_progress_callback", "start", plan.name, {"arguments": plan.raw_args})
+        self.callbacks.emit(
+            "tool_progress_callback",
+            "start",
+            plan.name,
+            {"arguments": plan.raw_args, "call_id": plan.call_id},
+        )
         result, ok = (plan.error, False) if plan.error is not None else self._run_plan(plan, turn)
         self.callbacks.emit(
             "tool_progress_callback",
@@ -298,10 +305,12 @@ class ToolExecutorMixin(AgentBase):
             plan.name,
             {
                 "arguments": plan.raw_args,
+                "call_id": plan.call_id,
                 "ok": ok,
                 "interrupted": self._signal.is_set(),  # it returned, but because it was stopped
                 "duration": time.monotonic() - started,
                 "preview": result[:_PREVIEW_CHARS],
+                "result": result,
             },
         )
         return result, ok

@@ -66,7 +66,7 @@ def _named(text: str) -> str:
     return text
 
 
-def _add_agent_options(parser: argparse.ArgumentParser) -> None:
+def _add_agent_options(parser: argparse.ArgumentParser, *, quiet: bool = True) -> None:
     parser.add_argument("-m", "--model", type=_named, help="model name (default: model.name in config)")
     parser.add_argument(
         "--provider", type=_named, help="provider from the config: openai, anthropic, openrouter, ..."
@@ -87,7 +87,8 @@ def _add_agent_options(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="run dangerous commands without asking (commands that wreck a machine never run)",
     )
-    parser.add_argument("-Q", "--quiet", action="store_true", help="no progress output on stderr")
+    if quiet:
+        parser.add_argument("-Q", "--quiet", action="store_true", help="no progress output on stderr")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -176,6 +177,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     mcp_actions = mcp.add_subparsers(dest="action", metavar="ACTION", parser_class=_Parser, required=True)
     mcp_actions.add_parser("list", help="start each server, then show whether it started, and its tools")
+    acp = commands.add_parser(
+        "acp",
+        help="be an editor's agent: the Agent Client Protocol on stdio (Zed, JetBrains, Neovim, Emacs)",
+        description="Speak the Agent Client Protocol on stdin and stdout until the editor closes them. "
+        "Editors start this command themselves; logs go to $MIBYAN_HOME/logs/acp.log.",
+    )
+    _add_agent_options(acp, quiet=False)
     return parser
 
 
@@ -275,6 +283,10 @@ def run_command(argv: Sequence[str] | None = None) -> int:
             from mibyan.cli.mcp import run_mcp
 
             return run_mcp(args)
+        if args.command == "acp":
+            from mibyan.cli.acp import run_acp
+
+            return run_acp(args)
         if args.command == "sessions":
             from mibyan.cli.sessions import run_sessions
 

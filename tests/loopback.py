@@ -35,6 +35,8 @@ class Reply:
         reasoning: reasoning_content to stream before the text.
         raw_arguments: the arguments text of each tool call as sent, when it must not be valid JSON.
         after_event: called with each stream event once it is sent (to hold the stream at a point).
+        stall: seconds a stream pauses after its second event, in Chat Completions its first piece of
+            text (a client hang-up ends the pause).
     """
 
     text: str | None = None
@@ -50,6 +52,7 @@ class Reply:
     usage: dict[str, int] = field(default_factory=lambda: {"prompt_tokens": 10, "completion_tokens": 5})
     raw_arguments: list[str] | None = None
     after_event: Callable[[str], None] | None = None
+    stall: float = 0.0
 
 
 @dataclass
@@ -218,12 +221,19 @@ class ScriptedServer:
                 self.send_header("Transfer-Encoding", "chunked")
                 self.end_headers()
                 try:
-                    for event in wire.events(reply, body):
+                    for number, event in enumerate(wire.events(reply, body)):
                         data = event.encode()
                         self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
                         self.wfile.flush()
                         if reply.after_event is not None:
                             reply.after_event(event)
+                        # the first event opens the reply, the second carries its first piece of text
+                        if number == 1 and reply.stall and not self._wait(reply.stall):
+                            with server._arrivals:
+                                server.hangups += 1
+                                server._arrivals.notify_all()
+                            self.close_connection = True
+                            return
                     if reply.cut:
                         self.close_connection = True
                         self.connection.shutdown(socket.SHUT_RDWR)

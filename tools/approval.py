@@ -13,6 +13,7 @@ joined ("git_force_push+rm_recursive"), and is approved only when each of its ki
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import re
 import threading
@@ -188,8 +189,10 @@ class ApprovalPolicy:
             return "deny"
         ask = self._ask
         box: list[Any] = []
+        # the question runs in the tool's context, so the one who asks knows which call it is about
+        calling = contextvars.copy_context()
         worker = threading.Thread(
-            target=lambda: box.append(ask(command, reason)), daemon=True, name="mibyan-approval"
+            target=lambda: box.append(calling.run(ask, command, reason)), daemon=True, name="mibyan-approval"
         )
         worker.start()
         worker.join(self._timeout)

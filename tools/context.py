@@ -10,13 +10,35 @@ from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from mibyan.agent.interruptible import InterruptSignal
 from mibyan.tools.approval import Verdict
 
 if TYPE_CHECKING:
     from mibyan.tools.sandbox import Sandbox
+
+
+class FileAccess(Protocol):
+    """Where the file tools read and write text instead of the disk (an editor's open buffers, over ACP).
+
+    The path policy has judged each path before it is handed here: `path` is absolute and resolved.
+
+    Attributes:
+        reads: read_text goes through this (else the disk is read).
+        writes: write_text goes through this (else the disk is written).
+    """
+
+    reads: bool
+    writes: bool
+
+    def read_text(self, path: Path) -> str:
+        """The file's whole text; raises ToolError when it cannot be read."""
+        ...
+
+    def write_text(self, path: Path, text: str) -> None:
+        """Replace the file's text; raises ToolError when it cannot be written."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -35,6 +57,8 @@ class ToolContext:
             read, and its workspace (`workdir`, inside it) the one part they may write. Other agents'
             folders, state.db and config.yaml are out of their reach.
         isolated: the agent is isolated in its workspace: its tools may not touch anything outside it.
+        call_id: the id of the model's tool call this is.
+        files: where read_file, write_file and patch read and write text, when not the disk.
     """
 
     task_id: str | None
@@ -47,6 +71,8 @@ class ToolContext:
     workdir: Path | None = None
     agent_folder: Path | None = None
     isolated: bool = False
+    call_id: str | None = None
+    files: FileAccess | None = None
 
     def working_directory(self) -> Path:
         """Where relative paths lead and commands run."""

@@ -3,6 +3,9 @@
 Every call is judged by `tools.path_policy` twice: before it runs (the `dangerous=` verdict, which
 goes through the approval flow) and again at the moment it acts, on a fresh resolution of the path, so
 a symlink swapped in between cannot redirect an approved call. Writes go through `tools.safe_write`.
+
+When the caller reads and writes files elsewhere (an editor's buffers, `ToolContext.files`), read_file,
+write_file and patch hand it the judged, resolved path instead of opening the file themselves.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from mibyan.agent.errors import ToolError
 from mibyan.config.paths import mibyan_home
 from mibyan.tools import context
 from mibyan.tools.approval import Verdict
+from mibyan.tools.context import FileAccess
 from mibyan.tools.path_policy import Access, PathJudgement, judge_path
 from mibyan.tools.registry import tool
 from mibyan.tools.safe_write import atomic_write
@@ -100,6 +104,38 @@ def _resolve(path: str, access: Access = "read") -> Path:
 _MAX_READ_BYTES = 20 * 1024 * 1024
 
 
+def _elsewhere() -> FileAccess | None:
+    """Where files are read and written instead of the disk, if anywhere."""
+    bound = context.current()
+    return bound.files if bound is not None else None
+
+
+def _read_text(target: Path) -> str:
+    files = _elsewhere()
+    if files is not None and files.reads:
+        return files.read_text(target)
+    return target.read_text(encoding="utf-8")
+
+
+def _write_text(target: Path, text: str) -> None:
+    files = _elsewhere()
+    if files is not None and files.writes:
+        files.write_text(target, text)
+    else:
+        atomic_write(target, text.encode("utf-8"))
+
+
+def _numbered(text: str, path: str, offset: int, limit: int) -> str:
+    """The lines of `text` from `offset` (1-based), at most `limit`, each prefixed with its number."""
+    lines = text.splitlines(keepends=True)
+    start = max(offset, 1) - 1
+    chosen = lines[start : start + max(limit, 1)]
+    body = "".join(f"{start + i + 1:6}\t{line}" for i, line in enumerate(chosen))
+    if start + len(chosen) < len(lines):
+        body += f"\n... {len(lines) - start - len(chosen)} more lines (use offset to read on)"
+    return body or "(empty file)"
+
+
 def _looks_binary(path: Path) -> bool:
     with path.open("rb") as handle:
         return b"\x00" in handle.read(8192)
@@ -122,6 +158,10 @@ def read_file(path: str, offset: int = 1, limit: int = 2000) -> str:
     target = _resolve(path)
     if target.is_dir():
         raise ToolError(f"{path} is a directory; use list_directory")
+    files = _elsewhere()
+    if files is not None and files.reads and (target.is_file() or not target.exists()):
+        # the editor's buffer, saved or not; the policy above judged the path all the same
+        return _numbered(files.read_text(target), path, offset, limit)
     if not target.exists():
         raise ToolError(f"no such file: {path}")
     if not target.is_file():  # a pipe would block the read until the tool times out
@@ -165,7 +205,7 @@ def write_file(path: str, content: str) -> str:
         raise ToolError(f"{path} is a directory")
     if target.exists() and not target.is_file():
         raise ToolError(f"{path} is not a regular file (a device, socket or pipe); it is left alone")
-    atomic_write(target, content.encode("utf-8"))
+    _write_text(target, content)
     return f"wrote {len(content.encode())} bytes to {path}"
 
 
@@ -199,8 +239,10 @@ def patch(path: str, old: str, new: str) -> str:
         new: the text to put in its place.
     """
     target = _resolve(path, "write")
+    if target.exists() and not target.is_file():
+        raise ToolError(f"{path} is not a regular file (a device, socket or pipe); it is left alone")
     try:
-        original = target.read_text(encoding="utf-8")
+        original = _read_text(target)
     except FileNotFoundError:
         raise ToolError(f"no such file: {path}; use write_file to create it") from None
     count = original.count(old) if old else 0
@@ -208,7 +250,7 @@ def patch(path: str, old: str, new: str) -> str:
         where = "does not appear" if count == 0 else f"appears {count} times"
         raise ToolError(f"the old text {where} in {path}; it must match exactly once")
     updated = original.replace(old, new, 1)
-    atomic_write(target, updated.encode("utf-8"))
+    _write_text(target, updated)
     diff = difflib.unified_diff(
         original.splitlines(keepends=True),
         updated.splitlines(keepends=True),
