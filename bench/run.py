@@ -248,7 +248,7 @@ def main() -> None:
             show(f"per-iteration overhead, {length} messages", ours, bare)
             show(f"  bare openai SDK loop, {length} messages", bare)
         bench_parallel_tools(server, home)
-    from bench import context, delegation, judge, mcp_servers, render, sandbox, sessions, skills
+    from bench import acp_cancel, context, delegation, judge, mcp_servers, render, sandbox, sessions, skills
 
     sessions.main()
     skills.main()
@@ -258,6 +258,7 @@ def main() -> None:
     sandbox.main()
     judge.main()
     mcp_servers.main()
+    acp_cancel.main()
 
 
 if __name__ == "__main__":
