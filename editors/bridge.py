@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from acp.schema import AllowedOutcome, PermissionOption, ToolCallUpdate
 
+from mibyan.cli.sanitize import visible
 from mibyan.editors import updates
 from mibyan.tools import context
 
@@ -32,6 +33,9 @@ if TYPE_CHECKING:
     from mibyan.editors.updates import ToolContent, Update
 
 log = logging.getLogger("mibyan.editors")
+#: The status changes an editor shows: no confinement for commands, a switch to a fallback provider,
+#: an answer streamed again from its start (what was shown cannot be taken back).
+_SHOWN_STATUS = ("sandbox", "failover", "stream_restart")
 
 #: The answers an editor offers for an approval, as mibyan's approval policy names them.
 PERMISSION_OPTIONS = (
@@ -65,6 +69,7 @@ class TurnBridge:
         self._calls: dict[str, _Call] = {}  # started, by the model's call id
         self._open: dict[str, _Call] = {}  # announced or started, not finished, by ACP id
         self._questions: set[Future[Any]] = set()
+        self.notices: list[str] = []  # for the user, shown when the next turn begins
 
     # -- the turn ------------------------------------------------------------------------------------
 
@@ -116,7 +121,21 @@ class TurnBridge:
         self._post(updates.agent_thought(text))
 
     def on_status(self, kind: str, message: str) -> None:
-        log.info("session %s: %s: %s", self.session_id, kind, message)
+        """State changes go to the log; the few the user must know of are shown as the agent's thought."""
+        log.info("session %s: %s: %s", self.session_id, kind, visible(message))
+        if kind in _SHOWN_STATUS:
+            with self._lock:
+                self.notices.append(message)
+            self.flush_notices()
+
+    def flush_notices(self) -> None:
+        """Show the notices kept while no turn ran (a sandbox warning comes as the agent is built)."""
+        with self._lock:
+            if not self._active:
+                return
+            shown, self.notices = self.notices, []
+        for notice in shown:
+            self._post(updates.agent_thought(f"mibyan: {notice}\n"))
 
     def on_tool_named(self, name: str) -> None:
         with self._lock:

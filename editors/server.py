@@ -300,7 +300,6 @@ class MibyanEditorAgent:
 
     async def _prompt(self, session: EditorSession, prompt: list[Any]) -> PromptResponse:
         """Run one prompt to its end on a thread; the answer comes after every update it caused."""
-        session_id = session.session_id
         if session.running:
             raise RequestError.invalid_request({"details": "a prompt is running in this session already"})
         text = updates.prompt_text(prompt)
@@ -311,8 +310,9 @@ class MibyanEditorAgent:
         session.bridge.begin()
         try:
             if session.notice:
-                self.outbox.post(session_id, updates.agent_thought(session.notice + "\n"))
+                session.bridge.notices.insert(0, session.notice)
                 session.notice = None
+            session.bridge.flush_notices()
             result = await settle_in_thread(
                 lambda: session.agent.run_conversation(text), name="mibyan-acp-prompt"
             )
