@@ -64,7 +64,7 @@ def run_acp(args: argparse.Namespace) -> int:
     # the SDK logs through the root logger: into the same file, never onto the editor's stderr
     for handler in logging.getLogger("mibyan").handlers:
         logging.getLogger().addHandler(handler)
-    logging.getLogger().setLevel(logging.INFO)
+    logging.getLogger().setLevel(logging.WARNING)
     return asyncio.run(_serve(args, protocol_fd))
 
 

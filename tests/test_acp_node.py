@@ -37,10 +37,21 @@ def test_an_editor_on_the_typescript_sdk_sees_ordered_tool_calls_a_rejection_a_c
         Reply(tool_calls=[("terminal", {"command": "rm -r victim"})]),
         Reply(text="I left it."),
         Reply(text="A long answer that is cancelled", chunks=6, stall=30),
+        *[Reply(tool_calls=[("terminal", {"command": "true"})])] * 3,
+        Reply(text="Out of model calls: here is where I got to."),
     )
     environment = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY")}
     environment.update({"MIBYAN_HOME": str(home), "PYTHONPATH": str(ROOT)})
-    agent = [sys.executable, "-m", "mibyan.cli.main", "acp", "--base-url", server.base_url]
+    agent = [
+        sys.executable,
+        "-m",
+        "mibyan.cli.main",
+        "acp",
+        "--base-url",
+        server.base_url,
+        "--max-turns",
+        "3",
+    ]
     done = subprocess.run(
         ["node", str(CLIENT), str(project), "--", *agent],
         capture_output=True,
@@ -71,6 +82,7 @@ def test_an_editor_on_the_typescript_sdk_sees_ordered_tool_calls_a_rejection_a_c
         assert store.get_session(report["sessionId"])["source"] == "acp"  # type: ignore[index]
     assert repair_history(stored)[1] == []
     assert report["replayedUserText"] == ["two rounds", "reject", "cancel"]
+    assert report["budget"] == "max_turn_requests"
     replayed_call = ["tool_call:in_progress", "tool_call_update:completed"]
     assert report["replay"][:6] == [
         "user_message_chunk",

@@ -68,7 +68,11 @@ def test_the_wheel_installs_four_top_level_names_and_the_defaults(wheel: Path) -
     top = {name.split("/")[0] for name in names if not name.split("/")[0].endswith(".dist-info")}
     assert top == {"mibyan", "run_agent.py", "model_tools.py", "agent_state.py"}
     assert "mibyan/config/defaults.yaml" in names
-    assert {"mibyan/gateway/runner.py", "mibyan/gateway/connectors/http.py"} <= set(names)
+    assert {
+        "mibyan/gateway/runner.py",
+        "mibyan/gateway/connectors/http.py",
+        "mibyan/editors/server.py",
+    } <= set(names)
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
     with zipfile.ZipFile(wheel) as archive:
         assert "mibyan = mibyan.cli.main:main" in archive.read(entry_points).decode()

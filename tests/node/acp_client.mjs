@@ -4,7 +4,8 @@
 //   node acp_client.mjs PROJECT_DIR -- COMMAND ARGS...
 //
 // Prompts: "two rounds" (tools, then the answer), "reject" (a permission it rejects), "cancel" (it
-// cancels once the answer starts streaming), then session/load of the same session.
+// cancels once the answer starts streaming), then session/load of the same session, then "budget" (more
+// tool rounds than --max-turns allows).
 import { spawn } from "node:child_process";
 import { Readable, Writable } from "node:stream";
 import * as acp from "@agentclientprotocol/sdk";
@@ -76,6 +77,7 @@ const report = await editor.connectWith(stream, async (agent) => {
 
   await agent.request(acp.methods.agent.session.load, { sessionId, cwd: project, mcpServers: [] });
   const replay = taken();
+  const budget = await say("budget");
   return {
     loadSession: init.agentCapabilities.loadSession,
     sessionId,
@@ -89,6 +91,7 @@ const report = await editor.connectWith(stream, async (agent) => {
     permissions,
     rejectCallIds: rejectUpdates.filter((u) => u.sessionUpdate === "tool_call").map((u) => u.toolCallId),
     cancel: { stopReason: cancelStop, ms: cancelMs },
+    budget: budget.stopReason,
     replay: replay.map(tag),
     replayedUserText: replay.filter((u) => u.sessionUpdate === "user_message_chunk").map((u) => u.content.text),
   };
