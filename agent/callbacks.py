@@ -35,8 +35,9 @@ class Callbacks:
 
     Attributes:
         tool_progress_callback: `(phase, name, detail)` before ("start") and after ("end") each tool call;
-            detail has `arguments` and the model's `call_id`, and at the end `ok`, `interrupted` (the call
-            was stopped by an interrupt), `duration`, the `result` text and a `preview` of it.
+            detail has `arguments` and the model's `call_id`, at the start the call's `index` among the
+            reply's calls, and at the end `ok`, `interrupted` (the call was stopped by an interrupt),
+            `duration`, the `result` text and a `preview` of it.
         thinking_callback: `(active)` when the model starts (True) and stops (False) thinking.
         reasoning_callback: `(text)` with each piece of reasoning the model shows (without streaming, the
             whole reasoning of the reply at once).

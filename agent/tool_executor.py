@@ -131,6 +131,7 @@ class PlannedCall:
     error: str | None = None
     resource: str | None = None
     timeout: float = 300.0
+    index: int = 0  # its place among the reply's calls
 
     @property
     def interactive(self) -> bool:
@@ -296,7 +297,7 @@ class ToolExecutorMixin(AgentBase):
             "tool_progress_callback",
             "start",
             plan.name,
-            {"arguments": plan.raw_args, "call_id": plan.call_id},
+            {"arguments": plan.raw_args, "call_id": plan.call_id, "index": plan.index},
         )
         result, ok = (plan.error, False) if plan.error is not None else self._run_plan(plan, turn)
         self.callbacks.emit(
@@ -332,7 +333,7 @@ class ToolExecutorMixin(AgentBase):
 
     def _execute_tool_calls(self, turn: TurnState, calls: list[dict[str, Any]]) -> Continue | Interrupted:
         """Run every call of a reply; append each result in the calls' order as soon as it is ready."""
-        plans = [self._plan(call) for call in calls]
+        plans = [replace(self._plan(call), index=index) for index, call in enumerate(calls)]
         results: dict[int, tuple[str, bool]] = {}
         running: dict[int, RunningCall[tuple[str, bool]]] = {}
         pending = list(range(len(plans)))

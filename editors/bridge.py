@@ -65,7 +65,7 @@ class TurnBridge:
         self._todos = todos
         self._lock = threading.Lock()
         self._active = False
-        self._announced: list[_Call] = []  # named by the model, not started yet
+        self._announced: list[_Call] = []  # named by the model in this round, in order
         self._calls: dict[str, _Call] = {}  # started, by the model's call id
         self._open: dict[str, _Call] = {}  # announced or started, not finished, by ACP id
         self._questions: set[Future[Any]] = set()
@@ -149,22 +149,23 @@ class TurnBridge:
     def on_tool_progress(self, phase: str, name: str, detail: dict[str, Any]) -> None:
         call_id = str(detail.get("call_id") or "")
         if phase == "start":
-            self._tool_started(name, call_id, detail.get("arguments"))
+            index = detail.get("index")
+            self._tool_started(
+                name, call_id, detail.get("arguments"), index if isinstance(index, int) else -1
+            )
         elif phase == "end":
             self._tool_ended(name, call_id, detail)
 
-    def _tool_started(self, name: str, call_id: str, raw_args: Any) -> None:
+    def _tool_started(self, name: str, call_id: str, raw_args: Any, index: int) -> None:
         args = updates.arguments_of(raw_args)
         diff = updates.edit_content(name, args, self.cwd)  # before the write: the file as it is now
         with self._lock:
             if not self._active:
                 return
-            call = next((c for c in self._announced if c.name == name), None)
-            announced = call is not None
-            if call is None:  # not streamed: never named before
-                call = _Call(acp_id=f"call-{secrets.token_hex(6)}", name=name)
-            else:
-                self._announced.remove(call)
+            # the reply's calls were named in their order; calls run concurrently, so match by place
+            named = self._announced[index] if 0 <= index < len(self._announced) else None
+            announced = named is not None and named.name == name and named.acp_id in self._open
+            call = named if announced and named is not None else _Call(f"call-{secrets.token_hex(6)}", name)
             call.args, call.diff = args, diff
             self._calls[call_id] = call
             self._open[call.acp_id] = call
@@ -187,7 +188,9 @@ class TurnBridge:
     def on_step(self, info: dict[str, Any]) -> None:
         """After a round of tools: calls named in it that never started did not run."""
         with self._lock:
-            left, self._announced = self._announced, []
+            started = {call.acp_id for call in self._calls.values()}
+            left = [call for call in self._announced if call.acp_id not in started]
+            self._announced = []
             for call in left:
                 self._open.pop(call.acp_id, None)
         for call in left:
