@@ -35,6 +35,7 @@ from acp.schema import (
 )
 
 from mibyan.agent.errors import MibyanError
+from mibyan.cli.sanitize import visible
 from mibyan.editors import updates
 from mibyan.editors.bridge import TurnBridge
 from mibyan.editors.files import EditorFiles
@@ -264,7 +265,7 @@ class MibyanEditorAgent:
         session = EditorSession(acp_id, cwd, agent, bridge, notice)
         self._sessions[acp_id] = session
         if notice:
-            log.warning("session %s: %s", acp_id, notice)
+            log.warning("session %s: %s", acp_id, visible(notice))
         return session
 
     def _build_agent(self, session_id: str, bridge: TurnBridge, files: EditorFiles | None) -> AIAgent:

@@ -42,6 +42,11 @@ def reserve_stdout() -> int:
     return protocol
 
 
+def encode(message: dict[str, Any]) -> bytes:
+    """One message as one line of ASCII JSON: every control character in it travels escaped."""
+    return (json.dumps(message, ensure_ascii=True, separators=(",", ":")) + "\n").encode("ascii")
+
+
 def _error(code: int, message: str, request_id: Any = None) -> dict[str, Any]:
     return {"jsonrpc": "2.0", "id": request_id, "error": {"code": code, "message": message}}
 
@@ -85,7 +90,7 @@ class StdioTransport:
         """Write one message (as one line of ASCII JSON) and wait until it is out."""
         if self._closed:
             raise ConnectionError("the connection is closed")
-        data = (json.dumps(message, ensure_ascii=True, separators=(",", ":")) + "\n").encode("ascii")
+        data = encode(message)
         done: asyncio.Future[None] = self._loop.create_future()
         self._outgoing.put((data, done))
         await done
