@@ -90,6 +90,7 @@ def test_a_prompt_with_two_tool_rounds_streams_its_calls_in_order_through_the_ed
                 ("write_file", {"path": "out.txt", "content": "new content\n"}),
                 ("write_file", {"path": str(acp_home / "config.yaml"), "content": "yolo: true\n"}),
                 ("todo", {"action": "add", "items": ["check the notes", "write out.txt"]}),
+                ("patch", {"path": "notes.txt", "old": "unsaved", "new": "edited"}),
             ]
         ),
         Reply(text=answer, chunks=4),
@@ -105,8 +106,9 @@ def test_a_prompt_with_two_tool_rounds_streams_its_calls_in_order_through_the_ed
         ["tool_call:pending", "tool_call_update:in_progress", "tool_call_update:completed"],
         ["tool_call:pending", "tool_call_update:in_progress", "tool_call_update:failed"],
         ["tool_call:pending", "tool_call_update:in_progress", "tool_call_update:completed"],
+        ["tool_call:pending", "tool_call_update:in_progress", "tool_call_update:completed"],
     ]
-    read, write, protected, todo = calls
+    read, write, protected, todo, patch = calls
     assert (read[1].kind, read[1].locations[0].path) == ("read", str(project / "notes.txt"))
     assert write[1].kind == "edit" and write[2].content[0].type == "diff"
     assert (write[2].content[0].path, write[2].content[0].new_text) == (
@@ -120,6 +122,10 @@ def test_a_prompt_with_two_tool_rounds_streams_its_calls_in_order_through_the_ed
     assert "unsaved text in the editor" in tool_results[0]
     assert editor.editor.buffers[str(project / "out.txt")] == "new content\n"
     assert not (project / "out.txt").exists()
+    diff = patch[2].content[0]
+    assert (diff.type, diff.old_text, diff.new_text) == ("diff", "unsaved", "edited")
+    assert editor.editor.buffers[str(project / "notes.txt")] == "edited text in the editor\n"
+    assert (project / "notes.txt").read_text() == "saved text\n"
     assert ("write", str(acp_home / "config.yaml")) not in editor.editor.file_requests
     assert "yolo" not in (acp_home / "config.yaml").read_text()
     # the plan came with the todo call; the order: the answer text after the last tool round

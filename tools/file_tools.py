@@ -125,7 +125,7 @@ def _write_text(target: Path, text: str) -> None:
         atomic_write(target, text.encode("utf-8"))
 
 
-def _numbered(text: str, path: str, offset: int, limit: int) -> str:
+def _numbered(text: str, offset: int, limit: int) -> str:
     """The lines of `text` from `offset` (1-based), at most `limit`, each prefixed with its number."""
     lines = text.splitlines(keepends=True)
     start = max(offset, 1) - 1
@@ -161,7 +161,7 @@ def read_file(path: str, offset: int = 1, limit: int = 2000) -> str:
     files = _elsewhere()
     if files is not None and files.reads and (target.is_file() or not target.exists()):
         # the editor's buffer, saved or not; the policy above judged the path all the same
-        return _numbered(files.read_text(target), path, offset, limit)
+        return _numbered(files.read_text(target), offset, limit)
     if not target.exists():
         raise ToolError(f"no such file: {path}")
     if not target.is_file():  # a pipe would block the read until the tool times out
