@@ -201,6 +201,8 @@ class TurnBridge:
     def ask_permission(self, command: str, reason: str) -> str:
         """The approval callback: ask the editor; "once", "always" or "deny" (also when withdrawn)."""
         bound = context.current()
+        if context.stop_requested():  # the turn is being cancelled: nobody is asked any more
+            return "deny"
         with self._lock:
             call = self._calls.get(bound.call_id or "") if bound is not None else None
         acp_id = call.acp_id if call is not None else f"call-{secrets.token_hex(6)}"
@@ -208,7 +210,7 @@ class TurnBridge:
         shown = [*(call.diff if call is not None else []), updates.text_content(f"This {because}.")]
         asked = ToolCallUpdate(
             tool_call_id=acp_id,
-            title=updates.tool_title(call.name, call.args) if call is not None else command.splitlines()[0],
+            title=updates.tool_title(call.name, call.args) if call is not None else updates.one_line(command),
             kind=updates.tool_kind(call.name) if call is not None else "other",
             status="pending",
             content=shown,

@@ -78,7 +78,8 @@ def tool_kind(name: str) -> ToolKind:
     return _KINDS.get(name, "other")
 
 
-def _one_line(text: str) -> str:
+def one_line(text: str) -> str:
+    """`text` as a title: one line, its control characters made visible, at most 120 characters."""
     line = " ".join(visible(text).split())
     return line if len(line) <= _TITLE_CHARS else line[: _TITLE_CHARS - 1] + "…"
 
@@ -92,7 +93,7 @@ def tool_title(name: str, args: dict[str, Any]) -> str:
         "session_search": args.get("query"),
         "delegate_task": args.get("goal") or args.get("task"),
     }.get(name) or args.get("path")
-    return _one_line(f"{name} {subject}") if isinstance(subject, str) and subject else name
+    return one_line(f"{name} {subject}") if isinstance(subject, str) and subject else name
 
 
 def _absolute(path: str, cwd: Path) -> Path:
