@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import run_cli
 from editing import ROOT, EditorProcess, answer_text, kinds
 from loopback import Reply, ScriptedServer
 
@@ -271,3 +272,9 @@ def test_malformed_messages_are_answered_with_errors_and_the_process_lives(
         (True, -32600),
     ]
     assert editor.new_session(project)  # still answering
+
+
+def test_without_a_key_mibyan_acp_says_so_in_one_line_before_any_message(home: Path) -> None:
+    done = run_cli("acp", home=home, stdin='{"jsonrpc": "2.0", "id": 1, "method": "initialize"}\n')
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr.count("\n") == 1 and "OPENAI_API_KEY" in done.stderr
