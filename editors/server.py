@@ -27,11 +27,15 @@ from acp.schema import (
     ClientCapabilities,
     Implementation,
     InitializeResponse,
+    ListSessionsResponse,
     LoadSessionResponse,
     McpCapabilities,
     NewSessionResponse,
     PromptCapabilities,
     PromptResponse,
+    SessionCapabilities,
+    SessionInfo,
+    SessionListCapabilities,
 )
 
 from mibyan.agent.errors import MibyanError
@@ -48,6 +52,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("mibyan.editors")
 
+#: Sessions per page of session/list.
+_PAGE = 50
 _STOP_REASONS = {
     "completed": "end_turn",
     "budget_exhausted": "max_turn_requests",
@@ -179,6 +185,7 @@ class MibyanEditorAgent:
                 load_session=True,
                 prompt_capabilities=PromptCapabilities(embedded_context=True, image=False, audio=False),
                 mcp_capabilities=McpCapabilities(http=False, sse=False),
+                session_capabilities=SessionCapabilities(list=SessionListCapabilities()),
             ),
             agent_info=Implementation(name="mibyan", title="mibyan", version=mibyan.__version__),
         )
@@ -234,6 +241,34 @@ class MibyanEditorAgent:
             raise RequestError.invalid_params(
                 {"details": f"{session_id!r} is not an editor's session; resume it with 'mibyan chat'"}
             )
+
+    async def list_sessions(
+        self, cwd: str | None = None, cursor: str | None = None, **kwargs: Any
+    ) -> ListSessionsResponse:
+        """The editor's sessions, newest first (in `cwd` when given), a page at a time."""
+        from datetime import UTC, datetime
+
+        from agent_state import SessionStore
+
+        offset = int(cursor) if cursor and cursor.isdigit() else 0
+        where, params = ("AND cwd = ?", (cwd,)) if cwd else ("", ())
+        with SessionStore.open(self._options.home) as store:
+            rows = store.query(
+                "SELECT id, cwd, title, updated_at FROM sessions WHERE source = 'acp' AND parent_id IS NULL "
+                f"{where} ORDER BY updated_at DESC LIMIT ? OFFSET ?",
+                (*params, _PAGE + 1, offset),
+            )
+        sessions = [
+            SessionInfo(
+                session_id=row["id"],
+                cwd=row["cwd"] or "/",
+                title=row["title"],
+                updated_at=datetime.fromtimestamp(row["updated_at"], UTC).isoformat(),
+            )
+            for row in rows[:_PAGE]
+        ]
+        more = str(offset + _PAGE) if len(rows) > _PAGE else None
+        return ListSessionsResponse(sessions=sessions, next_cursor=more)
 
     async def _open(self, session_id: str | None, cwd: Path, notice: str | None) -> EditorSession:
         """Build the session's agent in `cwd` (its project configuration and sandbox are that folder's)."""

@@ -236,6 +236,8 @@ def test_load_replays_an_editor_session_and_continues_it_but_refuses_other_sessi
         chat.chat("a chat of mine")
         chat_id = chat.session_id
 
+    listed = editor.run(editor.conn.list_sessions()).sessions
+    assert stored_id in [info.session_id for info in listed] and chat_id not in [i.session_id for i in listed]
     editor.load(stored_id, project)
     replayed = editor.editor.of(stored_id)
     assert kinds(replayed) == [
