@@ -94,7 +94,7 @@ def test_a_prompt_with_two_tool_rounds_streams_its_calls_in_order_through_the_ed
                 ("patch", {"path": "notes.txt", "old": "unsaved", "new": "edited"}),
             ]
         ),
-        Reply(text=answer, chunks=4),
+        Reply(text=answer, chunks=4, reasoning="Both rounds went fine."),
     )
     session = editor.new_session(project)
     assert editor.prompt(session, "look at notes.txt") == "end_turn"
@@ -136,7 +136,10 @@ def test_a_prompt_with_two_tool_rounds_streams_its_calls_in_order_through_the_ed
         ("write out.txt", "pending"),
     ]
     tags = kinds(updates)
-    assert tags.index("plan") < len(tags) - 1 and tags[-1] == "agent_message_chunk"
+    assert tags.index("plan") < tags.index("agent_thought_chunk") < len(tags) - 1
+    assert tags[-1] == "agent_message_chunk"
+    thoughts = [u.content.text for u in updates if u.session_update == "agent_thought_chunk"]
+    assert thoughts == ["Both rounds went fine."]
     # nothing but protocol messages on stdout, though a hook printed and the answer holds escapes
     assert editor.raw_lines and all(json.loads(line)["jsonrpc"] == "2.0" for line in editor.raw_lines)
     assert not any(b"\x1b" in line for line in editor.raw_lines)
