@@ -58,6 +58,7 @@ _KINDS: dict[str, ToolKind] = {
     "delegate_task": "think",
 }
 _EDITS = ("write_file", "patch")
+_SUBAGENT_MARK = " \u203a "  # how tools/delegation.py names a subagent's calls
 #: The longest tool output shown in the editor (the model gets the whole of it).
 _SHOWN_OUTPUT = 8000
 _TITLE_CHARS = 120
@@ -75,7 +76,8 @@ def arguments_of(raw: Any) -> dict[str, Any]:
 
 
 def tool_kind(name: str) -> ToolKind:
-    return _KINDS.get(name, "other")
+    """The editor's kind of a tool; a subagent's calls (named "<subagent> \u203a <tool>") are their tool's."""
+    return _KINDS.get(name.rpartition(_SUBAGENT_MARK)[2], "other")
 
 
 def one_line(text: str) -> str:
