@@ -159,10 +159,9 @@ def read_file(path: str, offset: int = 1, limit: int = 2000) -> str:
     if target.is_dir():
         raise ToolError(f"{path} is a directory; use list_directory")
     files = _elsewhere()
-    if files is not None and files.reads and (target.is_file() or not target.exists()):
-        # the editor's buffer, saved or not; the policy above judged the path all the same
-        return _numbered(files.read_text(target), offset, limit)
     if not target.exists():
+        if files is not None and files.reads:  # an editor's new buffer, not saved yet
+            return _numbered(files.read_text(target), offset, limit)
         raise ToolError(f"no such file: {path}")
     if not target.is_file():  # a pipe would block the read until the tool times out
         raise ToolError(f"{path} is not a regular file (a device, socket or pipe)")
@@ -173,6 +172,9 @@ def read_file(path: str, offset: int = 1, limit: int = 2000) -> str:
         raise ToolError(
             f"{path} is {size} bytes, too large to read; use search_files or terminal (head, sed -n)"
         )
+    if files is not None and files.reads:
+        # the editor's buffer, with the changes not saved yet; the policy above judged the path all the same
+        return _numbered(files.read_text(target), offset, limit)
     start = max(offset, 1) - 1
     chosen: list[str] = []
     total = 0
