@@ -22,7 +22,6 @@ from acp.client.connection import ClientSideConnection
 from acp.schema import (
     AllowedOutcome,
     ClientCapabilities,
-    DeniedOutcome,
     FileSystemCapabilities,
     ReadTextFileResponse,
     RequestPermissionResponse,
@@ -75,8 +74,6 @@ class Editor:
             self._changed.notify_all()
         if answer == "hold":
             await asyncio.Event().wait()  # until the agent withdraws the question
-        if answer == "cancelled":
-            return RequestPermissionResponse(outcome=DeniedOutcome(outcome="cancelled"))
         return RequestPermissionResponse(outcome=AllowedOutcome(outcome="selected", option_id=answer))
 
     async def read_text_file(self, path: str, session_id: str, **kwargs: Any) -> ReadTextFileResponse:
