@@ -26,9 +26,9 @@ if TYPE_CHECKING:
     from mibyan.agent.hooks import Hooks
     from mibyan.agent.providers import ProviderHealth, ProviderRuntime
     from mibyan.tools.approval import ApprovalPolicy
+    from mibyan.tools.context import FileAccess
     from mibyan.tools.mcp_connections import McpConnections
     from mibyan.tools.sandbox import Sandbox
-    from mibyan.tools.context import FileAccess
 
 __all__ = ["AIAgent"]
 
