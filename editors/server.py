@@ -5,9 +5,10 @@ sessions list` shows it, and `session/load` continues it. Several sessions live 
 agent is synchronous: each prompt runs `run_conversation` on a thread of its own while the connection
 stays on the asyncio loop; `session/cancel` interrupts it and the prompt answers `cancelled`.
 
-The process has one working directory, the tools' (the file tools and commands resolve paths against
-it, and the sandbox is rooted there). A session works in the folder the editor gave it; a prompt in
-another folder while one is running is refused with an error rather than run in the wrong place.
+Each session's agent works in the folder the editor gave it (its `workdir`: relative paths, commands and
+the sandbox's root), so sessions of several projects run side by side. The process's own working
+directory changes only while an agent is built, one at a time, so that the agent reads that project's
+`.mibyan/config.yaml`.
 """
 
 from __future__ import annotations
@@ -75,27 +76,6 @@ class AgentOptions:
     yolo: bool = False
 
 
-class WorkingFolder:
-    """The process's working directory, shared by the sessions: changed only while nothing runs elsewhere."""
-
-    def __init__(self) -> None:
-        self._users = 0
-        self._path: Path | None = None
-
-    def enter(self, path: Path) -> None:
-        if self._users and path != self._path:
-            raise RequestError.invalid_request(
-                {"details": f"mibyan works in {self._path} for another session now; try again after it"}
-            )
-        if self._users == 0:
-            os.chdir(path)
-            self._path = path
-        self._users += 1
-
-    def leave(self) -> None:
-        self._users -= 1
-
-
 def _checked_cwd(cwd: str) -> Path:
     path = Path(cwd)
     if not path.is_absolute() or not path.is_dir():
@@ -143,7 +123,7 @@ class MibyanEditorAgent:
     def __init__(self, options: AgentOptions) -> None:
         self._options = options
         self._sessions: dict[str, EditorSession] = {}
-        self._folder = WorkingFolder()
+        self._building = asyncio.Lock()  # agents are built one at a time: each in its own folder
         self._capabilities = ClientCapabilities()
         self._outbox: Outbox | None = None
         self._handling = 0  # requests being answered now
@@ -286,16 +266,17 @@ class MibyanEditorAgent:
         bridge = TurnBridge(
             acp_id, self.outbox, cwd, lambda: holder["agent"].store.get_todos(holder["agent"].session_id)
         )
-        self._folder.enter(cwd)
         try:
-            agent = await settle_in_thread(
-                lambda: self._build_agent(acp_id, bridge, files if files.reads or files.writes else None),
-                name="mibyan-acp-open",
-            )
+            async with self._building:
+                os.chdir(cwd)  # where load_settings finds the project's configuration
+                agent = await settle_in_thread(
+                    lambda: self._build_agent(
+                        acp_id, bridge, cwd, files if files.reads or files.writes else None
+                    ),
+                    name="mibyan-acp-open",
+                )
         except MibyanError as exc:
             raise RequestError.internal_error({"details": str(exc)}) from None
-        finally:
-            self._folder.leave()
         holder["agent"] = agent
         session = EditorSession(acp_id, cwd, agent, bridge, notice)
         self._sessions[acp_id] = session
@@ -303,7 +284,9 @@ class MibyanEditorAgent:
             log.warning("session %s: %s", acp_id, visible(notice))
         return session
 
-    def _build_agent(self, session_id: str, bridge: TurnBridge, files: EditorFiles | None) -> AIAgent:
+    def _build_agent(
+        self, session_id: str, bridge: TurnBridge, cwd: Path, files: EditorFiles | None
+    ) -> AIAgent:
         from run_agent import AIAgent
 
         options = self._options
@@ -318,6 +301,7 @@ class MibyanEditorAgent:
             home=options.home,
             source="acp",
             yolo=options.yolo,
+            workdir=cwd,
             file_access=files,
             **bridge.callbacks(),
         )
@@ -341,7 +325,6 @@ class MibyanEditorAgent:
         text = updates.prompt_text(prompt)
         if not text.strip():
             raise RequestError.invalid_params({"details": "the prompt is empty"})
-        self._folder.enter(session.cwd)
         session.running, session.cancelled = True, False
         session.bridge.begin()
         try:
@@ -358,7 +341,6 @@ class MibyanEditorAgent:
             session.bridge.end(cancelled=session.cancelled)
             await self.outbox.flushed()
             session.running = False
-            self._folder.leave()
         if session.cancelled:
             return PromptResponse(stop_reason="cancelled")
         if result["exit_reason"] == "error":

@@ -97,6 +97,8 @@ def test_a_prompt_with_two_tool_rounds_streams_its_calls_in_order_through_the_ed
         Reply(text=answer, chunks=4, reasoning="Both rounds went fine."),
     )
     session = editor.new_session(project)
+    (project.parent / "elsewhere").mkdir()
+    editor.new_session(project.parent / "elsewhere")  # a session of another project, opened since
     assert editor.prompt(session, "look at notes.txt") == "end_turn"
 
     updates = editor.editor.of(session)
