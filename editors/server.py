@@ -90,8 +90,7 @@ def _mcp_notice(servers: list[Any] | None) -> str | None:
         return None
     names = ", ".join(str(getattr(server, "name", "?")) for server in servers)
     return (
-        f"The editor's MCP servers ({names}) are not supported by mibyan yet: this session runs without "
-        "them. Configure them under mcp_servers: in mibyan's config.yaml instead."
+        f"The editor's MCP servers ({names}) are not supported by mibyan yet: this session runs without them."
     )
 
 
