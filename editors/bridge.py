@@ -70,6 +70,8 @@ class TurnBridge:
         self._open: dict[str, _Call] = {}  # announced or started, not finished, by ACP id
         self._questions: set[Future[Any]] = set()
         self.notices: list[str] = []  # for the user, shown when the next turn begins
+        # seconds a question stays open (`approvals.timeout`): then it is withdrawn, and the answer is no
+        self.question_timeout: float | None = None
 
     # -- the turn ------------------------------------------------------------------------------------
 
@@ -227,8 +229,9 @@ class TurnBridge:
                 question.cancel()
             self._questions.add(question)
         try:
-            answer = question.result()
-        except (CancelledError, Exception):  # withdrawn, or the editor failed to answer: not approved
+            answer = question.result(timeout=self.question_timeout)
+        except (CancelledError, Exception):  # withdrawn, unanswered in time, or failed: not approved
+            question.cancel()
             log.info("the permission question was withdrawn or failed", exc_info=True)
             return "deny"
         finally:

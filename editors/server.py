@@ -277,6 +277,7 @@ class MibyanEditorAgent:
         except MibyanError as exc:
             raise RequestError.internal_error({"details": str(exc)}) from None
         holder["agent"] = agent
+        bridge.question_timeout = agent.settings.approvals.timeout
         session = EditorSession(acp_id, cwd, agent, bridge, notice)
         self._sessions[acp_id] = session
         if notice:
