@@ -25,9 +25,9 @@ from mibyan.config.paths import write_private
 
 if TYPE_CHECKING:
     from mibyan.agent.skills import SemanticMatcher
+    from mibyan.tools.context import FileAccess
     from mibyan.tools.mcp_connections import McpConnections
     from mibyan.tools.mcp_tools import McpToolset
-    from mibyan.tools.context import FileAccess
     from mibyan.tools.sandbox import Sandbox
     from run_agent import AIAgent
 
