@@ -34,8 +34,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("mibyan.editors")
 #: The status changes an editor shows: no confinement for commands, a switch to a fallback provider,
-#: an answer streamed again from its start (what was shown cannot be taken back).
-_SHOWN_STATUS = ("sandbox", "failover", "stream_restart")
+#: an answer streamed again from its start (what was shown cannot be taken back), an MCP server left out.
+_SHOWN_STATUS = ("sandbox", "failover", "stream_restart", "mcp")
 
 #: The answers an editor offers for an approval, as mibyan's approval policy names them.
 PERMISSION_OPTIONS = (

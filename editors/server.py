@@ -85,12 +85,12 @@ def _checked_cwd(cwd: str) -> Path:
     return Path(os.path.realpath(path))
 
 
-def _mcp_notice(servers: list[Any] | None) -> str | None:
-    if not servers:
+def _left_out_notice(names: list[str]) -> str | None:
+    if not names:
         return None
-    names = ", ".join(str(getattr(server, "name", "?")) for server in servers)
     return (
-        f"The editor's MCP servers ({names}) are not supported by mibyan yet: this session runs without them."
+        f"The editor's MCP servers {', '.join(names)} use SSE, which mibyan does not speak: "
+        "this session runs without them."
     )
 
 
@@ -163,7 +163,7 @@ class MibyanEditorAgent:
             agent_capabilities=AgentCapabilities(
                 load_session=True,
                 prompt_capabilities=PromptCapabilities(embedded_context=True, image=False, audio=False),
-                mcp_capabilities=McpCapabilities(http=False, sse=False),
+                mcp_capabilities=McpCapabilities(http=True, sse=False),
                 session_capabilities=SessionCapabilities(list=SessionListCapabilities()),
             ),
             agent_info=Implementation(name="mibyan", title="mibyan", version=mibyan.__version__),
@@ -176,7 +176,7 @@ class MibyanEditorAgent:
         self, cwd: str, mcp_servers: list[Any] | None = None, **kwargs: Any
     ) -> NewSessionResponse:
         async with self._answering():
-            session = await self._open(None, _checked_cwd(cwd), _mcp_notice(mcp_servers))
+            session = await self._open(None, _checked_cwd(cwd), mcp_servers)
         return NewSessionResponse(session_id=session.session_id)
 
     async def load_session(
@@ -194,7 +194,7 @@ class MibyanEditorAgent:
         if session is not None and session.running:
             raise RequestError.invalid_request({"details": "this session is answering a prompt now"})
         if session is None:
-            session = await self._open(session_id, folder, _mcp_notice(mcp_servers))
+            session = await self._open(session_id, folder, mcp_servers)
         for update in updates.replay(list(session.agent.history), folder):
             self.outbox.post(session_id, update)
         todos = session.agent.store.get_todos(session.agent.session_id)
@@ -249,9 +249,14 @@ class MibyanEditorAgent:
         more = str(offset + _PAGE) if len(rows) > _PAGE else None
         return ListSessionsResponse(sessions=sessions, next_cursor=more)
 
-    async def _open(self, session_id: str | None, cwd: Path, notice: str | None) -> EditorSession:
-        """Build the session's agent in `cwd` (its project configuration and sandbox are that folder's)."""
+    async def _open(self, session_id: str | None, cwd: Path, mcp_servers: list[Any] | None) -> EditorSession:
+        """Build the session's agent in `cwd` (its project configuration and sandbox are that folder's),
+        with the editor's MCP servers joined to the configured ones."""
         from mibyan.agent.session import new_session_id
+        from mibyan.editors.servers import editor_servers
+
+        servers, left_out = editor_servers(mcp_servers)
+        notice = _left_out_notice(left_out)
 
         acp_id = session_id or new_session_id()
         fs = self._capabilities.fs
@@ -270,7 +275,7 @@ class MibyanEditorAgent:
                 os.chdir(cwd)  # where load_settings finds the project's configuration
                 agent = await settle_in_thread(
                     lambda: self._build_agent(
-                        acp_id, bridge, cwd, files if files.reads or files.writes else None
+                        acp_id, bridge, cwd, files if files.reads or files.writes else None, servers
                     ),
                     name="mibyan-acp-open",
                 )
@@ -285,7 +290,12 @@ class MibyanEditorAgent:
         return session
 
     def _build_agent(
-        self, session_id: str, bridge: TurnBridge, cwd: Path, files: EditorFiles | None
+        self,
+        session_id: str,
+        bridge: TurnBridge,
+        cwd: Path,
+        files: EditorFiles | None,
+        servers: dict[str, dict[str, Any]],
     ) -> AIAgent:
         from run_agent import AIAgent
 
@@ -303,6 +313,7 @@ class MibyanEditorAgent:
             yolo=options.yolo,
             workdir=cwd,
             file_access=files,
+            mcp_servers=servers or None,
             **bridge.callbacks(),
         )
 

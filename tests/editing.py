@@ -175,8 +175,8 @@ class EditorProcess:
         assert self.connection is not None
         return self.connection
 
-    def new_session(self, cwd: Path) -> str:
-        return self.run(self.conn.new_session(cwd=str(cwd), mcp_servers=[])).session_id
+    def new_session(self, cwd: Path, mcp_servers: list[Any] | None = None) -> str:
+        return self.run(self.conn.new_session(cwd=str(cwd), mcp_servers=mcp_servers or [])).session_id
 
     def prompt(self, session_id: str, text: str) -> str:
         """Send a prompt and wait for its stop reason."""

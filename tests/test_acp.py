@@ -7,6 +7,7 @@ sessions of its own and scripts its own replies.
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -262,6 +263,30 @@ def test_load_replays_an_editor_session_and_continues_it_but_refuses_other_sessi
         with pytest.raises(Exception, match="Invalid params"):
             editor.load(refused, project)
     assert editor.editor.of(chat_id) == []
+
+
+def test_the_editors_mcp_servers_join_the_session(
+    editor: EditorProcess, loopback: ScriptedServer, project: Path
+) -> None:
+    from acp.schema import McpServerStdio, SseMcpServer
+
+    server = McpServerStdio(
+        name="py tools", command=sys.executable, args=[str(ROOT / "tests" / "mcp_test_server.py")], env=[]
+    )
+    streamed = SseMcpServer(type="sse", name="old-style", url="http://127.0.0.1:9/sse", headers=[])
+    loopback.add(
+        Reply(tool_calls=[("mcp__py-tools__echo", {"text": "said by the editor's server"})]),
+        Reply(text="Echoed."),
+    )
+    session = editor.new_session(project, mcp_servers=[server, streamed])
+    assert editor.prompt(session, "echo it") == "end_turn"
+
+    updates = editor.editor.of(session)
+    (call,) = _tool_calls(updates).values()
+    assert kinds(call)[-1] == "tool_call_update:completed"
+    assert "said by the editor's server" in call[-1].content[0].content.text
+    notices = [u.content.text for u in updates if u.session_update == "agent_thought_chunk"]
+    assert any("old-style" in notice and "SSE" in notice for notice in notices)
 
 
 def test_malformed_messages_are_answered_with_errors_and_the_process_lives(
