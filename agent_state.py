@@ -186,6 +186,28 @@ def _facts_have_an_owner(db: sqlite3.Connection) -> None:
     db.execute("ALTER TABLE facts ADD COLUMN owner TEXT")
 
 
+@migration
+def _create_model_calls(db: sqlite3.Connection) -> None:
+    # The tokens of each model call, for the viewer's chart; `seq` is the seq the call's reply got (the
+    # session's message count when the reply came), so a call can be found beside its message.
+    for statement in (
+        """CREATE TABLE model_calls (
+            id INTEGER PRIMARY KEY,
+            session_id TEXT NOT NULL,
+            seq INTEGER NOT NULL,
+            model TEXT,
+            input_tokens INTEGER NOT NULL DEFAULT 0,
+            output_tokens INTEGER NOT NULL DEFAULT 0,
+            cache_read_tokens INTEGER NOT NULL DEFAULT 0,
+            cache_write_tokens INTEGER NOT NULL DEFAULT 0,
+            reasoning_tokens INTEGER NOT NULL DEFAULT 0,
+            created_at REAL NOT NULL
+        )""",
+        "CREATE INDEX model_calls_session ON model_calls(session_id)",
+    ):
+        db.execute(statement)
+
+
 def _row_to_message(row: sqlite3.Row) -> Message:
     message: Message = {"role": row["role"], "content": row["content"]}
     if row["tool_calls"]:
@@ -258,6 +280,13 @@ def _insert_session(db: sqlite3.Connection, session_id: str, meta: dict[str, Any
 
 
 _DEFAULT_BUSY_TIMEOUT = 5.0
+_CALL_TOKENS = (
+    "input_tokens",
+    "output_tokens",
+    "cache_read_tokens",
+    "cache_write_tokens",
+    "reasoning_tokens",
+)
 
 
 def _busy_timeout_from_environment() -> float:
@@ -525,8 +554,15 @@ class SessionStore:
         """The sessions of a gateway channel (its key `<agent>/<connector>/<channel>`)."""
         return [row["id"] for row in self._query("SELECT id FROM sessions WHERE channel = ?", (channel,))]
 
-    def list_sessions(self, limit: int = 50) -> list[dict[str, Any]]:
-        rows = self._query("SELECT * FROM sessions ORDER BY updated_at DESC LIMIT ?", (limit,))
+    def list_sessions(
+        self, limit: int = 50, *, offset: int = 0, source: str | None = None
+    ) -> list[dict[str, Any]]:
+        """Sessions, most recently updated first; `source` keeps those of one source (cli, gateway, ...)."""
+        where, params = ("WHERE source = ? ", (source,)) if source else ("", ())
+        rows = self._query(
+            f"SELECT * FROM sessions {where}ORDER BY updated_at DESC LIMIT ? OFFSET ?",
+            (*params, limit, offset),
+        )
         return [dict(r) for r in rows]
 
     def set_system_prompt(self, session_id: str, prompt: str) -> None:
@@ -562,6 +598,30 @@ class SessionStore:
                 "INSERT INTO session_events (session_id, created_at, kind, detail) VALUES (?, ?, ?, ?)",
                 (session_id, time.time(), kind, mask_secrets(detail)),
             )
+
+    def record_model_call(self, session_id: str, model: str, usage: dict[str, int]) -> None:
+        """Note the tokens of one model call of a session (usage as `Usage.as_dict()` gives it)."""
+        with self._transaction() as db:
+            db.execute(
+                "INSERT INTO model_calls (session_id, seq, model, input_tokens, output_tokens,"
+                " cache_read_tokens, cache_write_tokens, reasoning_tokens, created_at)"
+                " SELECT id, message_count, ?, ?, ?, ?, ?, ?, ? FROM sessions WHERE id = ?",
+                (
+                    model,
+                    *(int(usage.get(key) or 0) for key in _CALL_TOKENS),
+                    time.time(),
+                    session_id,
+                ),
+            )
+
+    def model_calls(self, session_id: str) -> list[dict[str, Any]]:
+        """The session's model calls, oldest first: seq, model, created_at and the token counts."""
+        rows = self._query(
+            f"SELECT seq, model, created_at, {', '.join(_CALL_TOKENS)} FROM model_calls"
+            " WHERE session_id = ? ORDER BY id",
+            (session_id,),
+        )
+        return [dict(r) for r in rows]
 
     def events(self, session_id: str) -> list[dict[str, Any]]:
         rows = self._query(
@@ -622,6 +682,7 @@ class SessionStore:
                 db.execute("DELETE FROM messages WHERE session_id = ?", (sid,))
                 db.execute("DELETE FROM session_events WHERE session_id = ?", (sid,))
                 db.execute("DELETE FROM todos WHERE session_id = ?", (sid,))
+                db.execute("DELETE FROM model_calls WHERE session_id = ?", (sid,))
                 db.execute("DELETE FROM sessions WHERE id = ?", (sid,))
         return ids
 
@@ -677,18 +738,23 @@ class SessionStore:
         since: float | None = None,
         session_ids: list[str] | None = None,
         limit: int = 20,
+        marks: tuple[str, str] = ("[", "]"),
     ) -> list[dict[str, Any]]:
-        """Messages matching `query`, best first (bm25), each with a snippet and its session."""
+        """Messages matching `query`, best first (bm25), each with a snippet and its session.
+
+        `marks` open and close each matched word in the snippet (a page that must tell them from the
+        stored text's own brackets passes markers the text cannot contain).
+        """
         match = fts_query(query)
         if not match:
             return []
         sql = (
-            "SELECT m.session_id, m.seq, m.role, m.created_at, s.title,"
-            " snippet(messages_fts, 0, '[', ']', '…', 12) AS snippet, bm25(messages_fts) AS rank"
+            "SELECT m.session_id, m.seq, m.role, m.created_at, s.title, s.source,"
+            " snippet(messages_fts, 0, ?, ?, '…', 12) AS snippet, bm25(messages_fts) AS rank"
             " FROM messages_fts JOIN messages m ON m.id = messages_fts.rowid"
             " JOIN sessions s ON s.id = m.session_id WHERE messages_fts MATCH ?"
         )
-        params: list[Any] = [match]
+        params: list[Any] = [*marks, match]
         if role:
             sql += " AND m.role = ?"
             params.append(role)

@@ -25,7 +25,7 @@ from mibyan.agent.errors import MibyanError
 Message = dict[str, Any]
 
 INTERRUPTED_RESULT = "interrupted: no result"
-_NO_REPLY = "(no reply: the turn was interrupted before an answer)"
+NO_REPLY = "(no reply: the turn was interrupted before an answer)"
 _CONTINUE = "(continue)"
 
 
@@ -185,7 +185,7 @@ def repair_history(messages: list[Message]) -> tuple[list[Message], list[str]]:
         previous = out[-1]["role"] if out else None
         if role == "user":
             if previous == "user":
-                out.append(assistant_message(_NO_REPLY))
+                out.append(assistant_message(NO_REPLY))
                 notes.append("added a placeholder reply between two user messages")
         elif role == "assistant":
             if previous in ("assistant", None):
@@ -299,7 +299,7 @@ class History:
             notes.append(f"added the missing result of tool call {call_id}")
         notes.extend(self.repair())
         if self._messages and self._messages[-1].get("role") == "user":
-            self.append(assistant_message(_NO_REPLY))
+            self.append(assistant_message(NO_REPLY))
             notes.append("added a placeholder reply to the unanswered user message")
         self.append(user_message(content))
         return notes

@@ -77,6 +77,9 @@ class ApiCallMixin(AgentBase):
             relay.on_reasoning(response.reasoning)
         turn.api_calls += 1
         turn.usage.add(response.usage)
+        self.session.store.record_model_call(
+            self.session.session_id, self.provider.runtime.model, response.usage.as_dict()
+        )
         if turn.request_estimate and response.usage.input_tokens:
             self._estimator.calibrate(turn.request_estimate, response.usage.input_tokens)
         self.tools.hooks.after_llm(response)

@@ -184,7 +184,22 @@ def build_parser() -> argparse.ArgumentParser:
         "Editors start this command themselves; logs go to $MIBYAN_HOME/logs/acp.log.",
     )
     _add_agent_options(acp, quiet=False)
+    web = commands.add_parser(
+        "web",
+        help="browse, search and watch your sessions in a local web page",
+        description="Serve the session viewer on this machine; open the address it prints (it carries "
+        "the token every request needs).",
+    )
+    web.add_argument("--host", default="127.0.0.1", help="a loopback address (default 127.0.0.1)")
+    web.add_argument("--port", type=_port, default=0, help="the port (default 0: any free one)")
     return parser
+
+
+def _port(text: str) -> int:
+    """An argparse type: a TCP port, 0 for any free one."""
+    if not text.isdigit() or int(text) > 65535:
+        raise argparse.ArgumentTypeError(f"expected a port from 0 to 65535, not {text!r}")
+    return int(text)
 
 
 def _add_trust_command(commands: argparse._SubParsersAction[_Parser]) -> None:
@@ -287,6 +302,10 @@ def run_command(argv: Sequence[str] | None = None) -> int:
             from mibyan.cli.acp import run_acp
 
             return run_acp(args)
+        if args.command == "web":
+            from mibyan.web.serve import run_web
+
+            return run_web(args)
         if args.command == "sessions":
             from mibyan.cli.sessions import run_sessions
 

@@ -15,6 +15,7 @@ against `unicodedata` for every code point.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import TextIO
 
 _UNSAFE = re.compile(
@@ -44,6 +45,16 @@ def visible(text: str) -> str:
     if _UNSAFE.search(text) is None:
         return text
     return _UNSAFE.sub(_escape, text)
+
+
+def visible_with(text: str, wrap: Callable[[str], str]) -> str:
+    """`visible(text)`, each escape passed through `wrap` (a page marks them up to tell them apart).
+
+    `wrap` gets the escape only (such as `\\x1b`, ASCII letters, digits and a backslash), never the text.
+    """
+    if _UNSAFE.search(text) is None:
+        return text
+    return _UNSAFE.sub(lambda match: "\n" if match.group() == "\r\n" else wrap(_escape(match)), text)
 
 
 def _json_escape(match: re.Match[str]) -> str:

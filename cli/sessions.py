@@ -15,6 +15,7 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
 
@@ -141,18 +142,23 @@ def _search(store: SessionStore, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _export(store: SessionStore, args: argparse.Namespace) -> int:
-    session_id = store.resolve_id(args.id)
+def export_lines(store: SessionStore, session_id: str, kind: str) -> Iterator[str]:
+    """A session as JSONL (one message a line) or Markdown, each line safe on a terminal."""
     messages = store.load_messages(session_id)
-    if args.format == "jsonl":
+    if kind == "jsonl":
         for message in messages:
-            sys.stdout.write(visible_json(json.dumps(message, ensure_ascii=False)) + "\n")
-        return EXIT_OK
+            yield visible_json(json.dumps(message, ensure_ascii=False)) + "\n"
+        return
     row = store.get_session(session_id) or {}
-    sys.stdout.write(visible(f"# {row.get('title') or session_id}") + "\n\n")
+    yield visible(f"# {row.get('title') or session_id}") + "\n\n"
     for message in messages:
         body = visible(_render_message(message).split(chr(10), 1)[-1])
-        sys.stdout.write(f"## {message['role']}\n\n{body}\n\n")
+        yield f"## {message['role']}\n\n{body}\n\n"
+
+
+def _export(store: SessionStore, args: argparse.Namespace) -> int:
+    session_id = store.resolve_id(args.id)
+    sys.stdout.writelines(export_lines(store, session_id, args.format))
     return EXIT_OK
 
 

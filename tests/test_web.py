@@ -1,0 +1,179 @@
+"""The session viewer's routes, over sessions real agents wrote, through Starlette's TestClient."""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from loopback import ScriptedServer
+from starlette.testclient import TestClient
+from webbing import ESC, HOSTILE_MODEL, XSS, Sessions, make_sessions
+
+from agent_state import SessionStore
+from mibyan.web.app import create_app
+from mibyan.web.guard import CONTENT_SECURITY_POLICY
+
+TOKEN = "test-web-token"
+ORIGIN = "http://127.0.0.1:8765"
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Sessions]:
+    home = tmp_path_factory.mktemp("web") / "home"
+    home.mkdir(mode=0o700)
+    (home / "config.yaml").write_text("agent:\n  api_max_retries: 0\n")
+    with ScriptedServer() as server:
+        return home, make_sessions(home, server)
+
+
+@pytest.fixture(scope="module")
+def sessions(written: tuple[Path, Sessions]) -> Sessions:
+    return written[1]
+
+
+@pytest.fixture(scope="module")
+def client(written: tuple[Path, Sessions]) -> Iterator[TestClient]:
+    with SessionStore(written[0] / "state.db", read_only=True) as store:
+        app = create_app(store, token=TOKEN, cookie="mibyan_web_8765", poll_interval=0.01)
+        with TestClient(app, base_url=ORIGIN) as browser:
+            assert browser.get(f"/?token={TOKEN}").status_code == 200  # the cookie from here on
+            yield browser
+
+
+def test_a_request_without_the_token_or_from_a_foreign_host_is_refused(
+    client: TestClient, sessions: Sessions
+) -> None:
+    stranger = TestClient(client.app, base_url=ORIGIN)
+    for path in ("/", "/static/web.js", f"/s/{sessions.main}/export.jsonl", f"/s/{sessions.main}/live"):
+        refused = stranger.get(path)
+        assert refused.status_code == 403, path
+        assert refused.headers["content-security-policy"] == CONTENT_SECURITY_POLICY
+    assert stranger.get("/?token=wrong").status_code == 403
+
+    # DNS rebinding: the page of another site, its name pointed at 127.0.0.1, sends its own Host
+    assert client.get("/", headers={"Host": "attacker.example:8765"}).status_code == 403
+    assert client.get("/", headers={"Host": "localhost:8765"}).status_code == 200
+
+    # the token in the address becomes a cookie the page's script cannot read, and leaves the address
+    entry = stranger.get(f"{ORIGIN}//attacker.example/?token={TOKEN}&source=cli", follow_redirects=False)
+    assert entry.status_code == 303
+    assert entry.headers["location"] == "/attacker.example/?source=cli"  # never to another site
+    assert entry.headers["set-cookie"] == f"mibyan_web_8765={TOKEN}; HttpOnly; SameSite=Strict; Path=/"
+    page = client.get("/")
+    assert page.headers["content-security-policy"] == CONTENT_SECURITY_POLICY
+    assert "script-src 'self';" in CONTENT_SECURITY_POLICY and "unsafe-inline" not in CONTENT_SECURITY_POLICY
+
+
+def test_the_list_shows_every_source_newest_first_escaped_and_filters_by_source(
+    client: TestClient, written: tuple[Path, Sessions], sessions: Sessions
+) -> None:
+    page = client.get("/").text
+    with SessionStore(written[0] / "state.db", read_only=True) as store:
+        newest_first = [row["id"] for row in sorted(store.list_sessions(), key=lambda r: -r["updated_at"])]
+    assert re.findall(r'<td><a href="/s/([^"]+)">', page) == newest_first
+    assert f'href="/s/{sessions.subagent}"' in page
+    assert "<script>" not in page.replace('<script src="/static/web.js" defer></script>', "")
+    assert "&lt;script&gt;alert(&#39;owned&#39;)&lt;/script&gt;" in page  # the title, as text
+    assert "&#34;&gt;&lt;img src=x onerror=alert(1)&gt;" in page and HOSTILE_MODEL not in page
+    assert "meepa/api/&lt;b&gt;alice&lt;/b&gt;" in page  # the channel
+
+    only = client.get("/?source=gateway").text
+    assert f"/s/{sessions.gateway}" in only and f"/s/{sessions.main}" not in only
+
+
+def test_a_transcript_shows_stored_markup_and_escape_sequences_as_text(
+    client: TestClient, sessions: Sessions
+) -> None:
+    page = client.get(f"/s/{sessions.main}").text
+    assert page.count("<script") == 1  # the viewer's own, from /static
+    assert "\x1b" not in page and "\x07" not in page
+    assert '<span class="ctl">\\x1b</span>[2J<span class="ctl">\\x1b</span>]0;pwned' in page
+    assert "&lt;script&gt;alert(&#39;owned&#39;)&lt;/script&gt;" in page
+    # Markdown: a javascript: link stays text, a web link is a link, raw HTML is text
+    assert "javascript:" not in re.sub(r"\[click\]\(javascript:alert\(1\)\)", "", page)
+    assert '<a href="https://example.com/d" rel="noopener noreferrer nofollow">docs</a>' in page
+    assert '<details class="reasoning" open><summary>reasoning</summary>' in page
+    assert ESC not in page
+
+
+def test_a_transcript_folds_calls_marks_refusals_and_shows_lineage_and_subagents(
+    client: TestClient, sessions: Sessions
+) -> None:
+    page = client.get(f"/s/{sessions.main}").text
+    calls = re.findall(r'<details class="call[^"]*" data-call="[^"]+">.*?</details>', page, flags=re.S)
+    assert any("rm -rf /" in call and 'class="badge refused"' in call for call in calls)
+    delegate = page[page.index('<details class="call delegate"') :]
+    nested = delegate[: delegate.index('<div class="boundary">')]
+    assert f'subagent session <a href="/s/{sessions.subagent}">' in nested
+    assert "child report &lt;script&gt;" in nested  # the subagent's own messages, under its call
+    assert f'continues in session <a href="/s/{sessions.child}">' in page  # the compaction boundary
+    assert page.count('<g class="call">') == 3  # a bar per model call (the history it began with made none)
+
+    child = client.get(f"/s/{sessions.child}").text
+    assert f'this session continues <a href="/s/{sessions.main}">' in child
+    subagent = client.get(f"/s/{sessions.subagent}").text
+    assert f'Subagent session of <a href="/s/{sessions.main}">' in subagent
+
+    gateway = client.get(f"/s/{sessions.gateway}").text
+    cut = gateway[gateway.index('data-call="call_cut"') :]
+    assert 'class="badge interrupted"' in cut[: cut.index("</details>")]
+    assert client.get("/s/no-such-session").status_code == 404
+
+
+def test_search_highlights_matches_in_escaped_text_and_links_to_the_message(
+    client: TestClient, sessions: Sessions
+) -> None:
+    found = client.get("/search", params={"q": "owned"}).text
+    assert "&lt;script&gt;alert(&#39;<mark>owned</mark>&#39;)&lt;/script&gt;" in found
+    links = re.findall(r'href="/s/([^"?]+)\?page=0#m(\d+)"', found)
+    assert (sessions.subagent, "3") in links
+    target = client.get(f"/s/{sessions.subagent}?page=0").text
+    assert 'id="m3"' in target
+    # the stored text's own brackets stay text: what FTS5 marks matches with is random per search
+    assert "[<mark>click</mark>](javascript:alert(1))" in client.get("/search", params={"q": "click"}).text
+    assert "Type words to search for" in client.get("/search", params={"q": "!!!"}).text
+
+
+def test_exports_are_the_stored_messages_and_name_only_the_session(
+    client: TestClient, written: tuple[Path, Sessions], sessions: Sessions
+) -> None:
+    jsonl = client.get(f"/s/{sessions.main}/export.jsonl")
+    assert jsonl.headers["content-disposition"] == f'attachment; filename="mibyan-{sessions.main}.jsonl"'
+    with SessionStore(written[0] / "state.db", read_only=True) as store:
+        stored = store.load_messages(sessions.main)
+    assert [json.loads(line) for line in jsonl.text.splitlines()] == stored
+    markdown = client.get(f"/s/{sessions.main}/export.md").text
+    assert markdown.startswith("# step 0: <script>alert('owned')</script>") and "\x1b" not in markdown
+    for bad in ("/s/..%2F..%2Fetc%2Fpasswd/export.md", f"/s/{sessions.main}/export.html"):
+        assert client.get(bad).status_code == 404
+
+
+def test_the_live_stream_sends_a_message_stored_after_the_page_was_drawn(
+    client: TestClient, written: tuple[Path, Sessions], sessions: Sessions
+) -> None:
+    page = client.get(f"/s/{sessions.child}").text
+    (live,) = re.findall(r'data-live="([^"]+)"', page)
+    arrived = threading.Event()
+
+    def write_when_listening() -> None:
+        with SessionStore.open(written[0]) as store:
+            arrived.wait(30)  # the stream is open: the message lands after it started
+            store.append_message(sessions.child, {"role": "user", "content": f"late {XSS}"})
+
+    writer = threading.Thread(target=write_when_listening)
+    writer.start()
+    events = []
+    with client.stream("GET", live.replace("&amp;", "&")) as stream:
+        for line in stream.iter_lines():
+            if line.startswith("retry:"):
+                arrived.set()
+            if line.startswith("data:"):
+                events.append(json.loads(line[5:]))
+                break
+    writer.join()
+    assert "late &lt;script&gt;alert(&#39;owned&#39;)&lt;/script&gt;" in events[0]["html"]
+    assert 'class="msg user"' in events[0]["html"]

@@ -1,0 +1,1 @@
+"""`mibyan web`: a local page to browse, search and watch the stored sessions (see `serve`)."""

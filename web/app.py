@@ -1,0 +1,234 @@
+"""The viewer's pages: the sessions list, search, a session's transcript, its exports and its live updates.
+
+`create_app(store, token=...)` builds the Starlette application behind the `Guard`. Pages are Jinja2
+templates with autoescape on; stored text reaches them only through the filters of `mibyan.web.text`.
+The store is opened read-only, so the viewer never takes a lock a running agent would wait on; a page
+reads with short queries and holds no transaction open. The live endpoint polls the session's newest
+messages by seq (an index lookup) and sends each new one as an HTML fragment (server-sent events).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import secrets
+import time
+from collections.abc import AsyncIterator, Callable
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from jinja2 import Environment, FileSystemLoader, StrictUndefined
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from agent_state import SessionStore, fts_query
+from mibyan.cli.sessions import age, export_lines
+from mibyan.web import transcript
+from mibyan.web.chart import token_chart
+from mibyan.web.guard import Guard
+from mibyan.web.text import attribute, markdown_html, pretty_arguments, snippet_html, text_html
+
+HERE = Path(__file__).resolve().parent
+#: Sessions per page of the list.
+LIST_PAGE = 50
+SEARCH_LIMIT = 50
+_EXPORTS = {"jsonl": "application/x-ndjson", "md": "text/markdown"}
+_HEARTBEAT = 15.0  # seconds between keep-alive comments on a quiet live stream
+_LAST_EVENT = re.compile(r"^(-?\d+):(\d+)$")
+
+
+def _environment() -> Environment:
+    env = Environment(
+        loader=FileSystemLoader(HERE / "templates"),
+        autoescape=True,
+        undefined=StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters.update(
+        text=text_html,
+        markdown=markdown_html,
+        attr=attribute,
+        pretty=pretty_arguments,
+        short=lambda value, width=90: _short(attribute(value), width),
+        age=age,
+        clock=lambda ts: datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S"),
+        tokens=lambda n: f"{n / 1000:.1f}k" if n >= 10_000 else f"{n:,}",
+    )
+    env.globals.update(page_of=transcript.page_of)
+    return env
+
+
+def _short(text: str, width: int) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= width else line[: width - 1] + "…"
+
+
+def _int(value: str | None, default: int) -> int:
+    return int(value) if value is not None and value.lstrip("-").isdigit() else default
+
+
+class Viewer:
+    """The routes, over one read-only store."""
+
+    def __init__(self, store: SessionStore, *, poll_interval: float) -> None:
+        self.store = store
+        self.poll_interval = poll_interval
+        self.env = _environment()
+        self._macros = self.env.get_template("_items.html").module
+
+    def fragment(self, macro: str, *args: Any) -> str:
+        """The HTML of one macro of _items.html (a message, a call's result) for a live update."""
+        render: Callable[..., str] = getattr(self._macros, macro)
+        return str(render(*args))
+
+    def _page(self, name: str, status: int = 200, **context: Any) -> HTMLResponse:
+        context.setdefault("q", "")
+        return HTMLResponse(self.env.get_template(name).render(**context), status_code=status)
+
+    def _missing(self, session_id: str) -> HTMLResponse:
+        return self._page("missing.html", 404, session_id=session_id)
+
+    def sessions(self, request: Request) -> Response:
+        source = request.query_params.get("source") or None
+        page = max(0, _int(request.query_params.get("page"), 0))
+        rows = self.store.list_sessions(LIST_PAGE + 1, offset=page * LIST_PAGE, source=source)
+        sources = [r["source"] for r in self.store.query("SELECT DISTINCT source FROM sessions ORDER BY 1")]
+        return self._page(
+            "list.html",
+            sessions=rows[:LIST_PAGE],
+            more=len(rows) > LIST_PAGE,
+            page=page,
+            source=source,
+            sources=sources,
+        )
+
+    def search(self, request: Request) -> Response:
+        query = request.query_params.get("q", "").strip()
+        marks = (f"\ue000{secrets.token_hex(8)}\ue001", f"\ue002{secrets.token_hex(8)}\ue003")
+        hits = self.store.search(query, limit=SEARCH_LIMIT, marks=marks) if fts_query(query) else []
+        for hit in hits:
+            hit["snippet_html"] = snippet_html(hit["snippet"], marks)
+        return self._page("search.html", q=query, hits=hits, searched=bool(fts_query(query)))
+
+    def session(self, request: Request) -> Response:
+        session_id = request.path_params["session_id"]
+        row = self.store.get_session(session_id)
+        if row is None:
+            return self._missing(session_id)
+        page = request.query_params.get("page")
+        view = transcript.load_transcript(self.store, row, None if page is None else _int(page, 0))
+        calls = self.store.model_calls(session_id) if self._has_model_calls() else []
+        return self._page("session.html", t=view, s=row, chart=token_chart(calls), calls=calls)
+
+    def _has_model_calls(self) -> bool:
+        """Whether the database has the model_calls table (a newer mibyan made it; this one never does)."""
+        return bool(self.store.query("SELECT 1 FROM sqlite_master WHERE name = 'model_calls'"))
+
+    def export(self, request: Request) -> Response:
+        session_id, kind = request.path_params["session_id"], request.path_params["kind"]
+        if kind not in _EXPORTS:
+            return PlainTextResponse("404: export as .jsonl or .md\n", status_code=404)
+        if self.store.get_session(session_id) is None:
+            return self._missing(session_id)
+        body = "".join(export_lines(self.store, session_id, kind))
+        name = re.sub(r"[^A-Za-z0-9_-]", "_", session_id)[:64] or "session"
+        headers = {"Content-Disposition": f'attachment; filename="mibyan-{name}.{kind}"'}
+        return Response(body, media_type=f"{_EXPORTS[kind]}; charset=utf-8", headers=headers)
+
+    async def live(self, request: Request) -> Response:
+        """Server-sent events: each message stored after the one the page shows, as it lands."""
+        session_id = request.path_params["session_id"]
+        if await run_in_threadpool(self.store.get_session, session_id) is None:
+            return PlainTextResponse("404: no such session\n", status_code=404)
+        resumed = _LAST_EVENT.match(request.headers.get("last-event-id", ""))
+        if resumed:
+            seq, message_id = int(resumed.group(1)), int(resumed.group(2))
+        else:
+            seq = _int(request.query_params.get("seq"), -1)
+            message_id = _int(request.query_params.get("id"), 0)
+        headers = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
+        return StreamingResponse(
+            self._events(session_id, seq, message_id), media_type="text/event-stream", headers=headers
+        )
+
+    async def _events(self, session_id: str, seq: int, message_id: int) -> AsyncIterator[str]:
+        yield "retry: 1000\n\n"
+        quiet_since = time.monotonic()
+        while True:
+            events, seq, message_id, done = await run_in_threadpool(self._poll, session_id, seq, message_id)
+            for event in events:
+                yield event
+            if done:
+                return
+            if events:
+                quiet_since = time.monotonic()
+            elif time.monotonic() - quiet_since > _HEARTBEAT:
+                yield ": still here\n\n"
+                quiet_since = time.monotonic()
+            await asyncio.sleep(self.poll_interval)
+
+    def _poll(self, session_id: str, seq: int, message_id: int) -> tuple[list[str], int, int, bool]:
+        """(events, last seq, last id, whether the stream is over) for what was stored after (seq, id)."""
+        rows = transcript.new_rows(self.store, session_id, max(seq, 0))
+        if seq >= 0:
+            if not rows or rows[0]["seq"] != seq or rows[0]["id"] != message_id:
+                return [_event("reload", {})], seq, message_id, True  # rewritten: a repair, an undo
+            rows = rows[1:]
+        events = []
+        for row in rows:
+            events.append(_event(*self._fragment(session_id, row), last=(row["seq"], row["id"])))
+            seq, message_id = row["seq"], row["id"]
+        if not rows:
+            row = self.store.get_session(session_id) or {}
+            if row.get("end_reason") == "compressed":
+                continued, _ = transcript.children(self.store, session_id)
+                if continued:
+                    html = self.fragment("continued", continued[-1])
+                    return [*events, _event("continued", {"html": html})], seq, message_id, True
+        return events, seq, message_id, False
+
+    def _fragment(self, session_id: str, row: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        if row["role"] == "tool" and row["tool_call_id"]:
+            call = transcript.live_result(self.store, session_id, row)
+            alone = transcript.build_items([row])[0]
+            return "result", {
+                "call": call.call_id,
+                "html": self.fragment("slot", call, ""),
+                "alone": self.fragment("item", alone, ""),
+            }
+        item = transcript.build_items([row])[0]
+        return "message", {"html": self.fragment("item", item, "")}
+
+
+def _event(kind: str, data: dict[str, Any], last: tuple[int, int] | None = None) -> str:
+    head = f"id: {last[0]}:{last[1]}\n" if last is not None else ""
+    return f"{head}event: {kind}\ndata: {json.dumps(data, ensure_ascii=True)}\n\n"
+
+
+async def _no_icon(request: Request) -> Response:
+    return Response(status_code=204)
+
+
+def create_app(store: SessionStore, *, token: str, cookie: str, poll_interval: float = 0.5) -> Starlette:
+    """The viewer over `store` (opened read-only), behind the token and Host check of `Guard`."""
+    viewer = Viewer(store, poll_interval=poll_interval)
+    return Starlette(
+        routes=[
+            Route("/", viewer.sessions),
+            Route("/search", viewer.search),
+            Route("/s/{session_id}", viewer.session),
+            Route("/s/{session_id}/live", viewer.live),
+            Route("/s/{session_id}/export.{kind}", viewer.export),
+            Route("/favicon.ico", _no_icon),
+            Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
+        ],
+        middleware=[Middleware(Guard, token=token, cookie=cookie)],
+    )

@@ -1,0 +1,86 @@
+"""`mibyan web [--host 127.0.0.1] [--port 0]`: serve the session viewer until Ctrl-C.
+
+It prints `mibyan web: http://127.0.0.1:<port>/?token=<token>` on stdout once it listens; the token is
+new at every start and every request must carry it (see `mibyan.web.guard`). The viewer serves this
+machine only: a --host that other machines could reach is refused, since the Host check would refuse
+their requests anyway and the page shows everything ever said to the agent (use an SSH tunnel).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import secrets
+import socket
+import sys
+
+from agent_state import SessionStore
+from mibyan.agent.errors import MibyanError
+from mibyan.cli.exit_codes import EXIT_ERROR, EXIT_OK, EXIT_USAGE
+from mibyan.cli.sanitize import visible
+from mibyan.config.paths import mibyan_home
+from mibyan.web.guard import is_loopback_host
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    # IPPROTO_TCP named so asyncio sets TCP_NODELAY (else small replies wait for a delayed ACK)
+    listener = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        listener.bind((host, port))
+    except OSError as exc:
+        listener.close()
+        raise MibyanError(f"cannot listen on {host}:{port} ({exc.strerror or exc})") from None
+    listener.listen(128)
+    return listener
+
+
+def run_web(args: argparse.Namespace) -> int:
+    """Entry of `mibyan web`; returns the exit code."""
+    if not is_loopback_host(args.host):
+        sys.stderr.write(
+            f"mibyan: error: --host {visible(args.host)} is reachable from other machines; the viewer "
+            "serves this machine only (127.0.0.1 or ::1; from elsewhere, use an SSH tunnel)\n"
+        )
+        return EXIT_USAGE
+    path = mibyan_home() / "state.db"
+    if not path.is_file():
+        sys.stderr.write(f"mibyan: no sessions yet ({visible(str(path))}): start one with 'mibyan chat'\n")
+        return EXIT_ERROR
+    try:
+        store = SessionStore(path, read_only=True)
+        listener = _listen(args.host, args.port)
+    except MibyanError as exc:
+        sys.stderr.write(f"mibyan: {visible(str(exc))}\n")
+        return EXIT_ERROR
+    with store:
+        return asyncio.run(_serve(store, listener, args.host))
+
+
+async def _serve(store: SessionStore, listener: socket.socket, host: str) -> int:
+    import uvicorn
+
+    from mibyan.web.app import create_app
+
+    port = listener.getsockname()[1]
+    token = secrets.token_urlsafe(24)
+    app = create_app(store, token=token, cookie=f"mibyan_web_{port}")
+    config = uvicorn.Config(
+        app,
+        log_config=None,
+        log_level="warning",
+        access_log=False,
+        lifespan="off",
+        timeout_graceful_shutdown=1,
+    )
+    server = uvicorn.Server(config)
+    shown = f"[{host}]" if ":" in host else host
+    task = asyncio.create_task(server.serve(sockets=[listener]))
+    while not server.started and not task.done():
+        await asyncio.sleep(0.01)
+    if server.started:
+        sys.stdout.write(f"mibyan web: http://{shown}:{port}/?token={token}\n")
+        sys.stdout.flush()
+    await task
+    return EXIT_OK

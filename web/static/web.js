@@ -1,0 +1,87 @@
+// mibyan's session viewer: folding helpers and live updates (server-sent events). No inline script:
+// the page's Content-Security-Policy allows only this file. Fragments come from the server, escaped.
+"use strict";
+
+function openTo(element) {
+  // A link to a message inside folded tool calls or subagents opens every fold around it.
+  for (let node = element; node; node = node.parentElement) {
+    if (node.tagName === "DETAILS") node.open = true;
+  }
+}
+
+function showTarget() {
+  const id = decodeURIComponent(location.hash.slice(1));
+  const target = id && document.getElementById(id);
+  if (target) {
+    openTo(target);
+    target.scrollIntoView({ block: "center" });
+  }
+}
+
+function fragment(html) {
+  const template = document.createElement("template");
+  template.innerHTML = html;
+  return template.content;
+}
+
+function findCall(list, callId) {
+  for (const call of list.querySelectorAll("details.call")) {
+    if (call.dataset.call === callId) return call;
+  }
+  return null;
+}
+
+function appendNew(list, html) {
+  const content = fragment(html);
+  const first = content.firstElementChild;
+  list.appendChild(content);
+  if (first) first.classList.add("new");
+}
+
+function listen(list) {
+  const status = document.getElementById("live-status");
+  const source = new EventSource(list.dataset.live);
+  source.addEventListener("open", () => { status.textContent = "live: new messages appear here"; });
+  source.addEventListener("message", (event) => {
+    appendNew(list, JSON.parse(event.data).html);
+  });
+  source.addEventListener("result", (event) => {
+    const data = JSON.parse(event.data);
+    const call = findCall(list, data.call);
+    if (call) {
+      const slot = call.querySelector(".slot");
+      slot.replaceChildren(fragment(data.html));
+      call.classList.add("new");
+    } else {
+      appendNew(list, data.alone);
+    }
+  });
+  source.addEventListener("continued", (event) => {
+    source.close();
+    list.after(fragment(JSON.parse(event.data).html));
+    status.textContent = "";
+  });
+  source.addEventListener("reload", () => {
+    source.close();
+    location.reload();
+  });
+  source.addEventListener("error", () => {
+    if (source.readyState === EventSource.CLOSED) status.textContent = "live updates stopped";
+  });
+}
+
+document.addEventListener("DOMContentLoaded", () => {
+  const list = document.getElementById("messages");
+  if (list && list.dataset.live) listen(list);
+  const unfold = document.getElementById("unfold");
+  if (unfold) {
+    unfold.addEventListener("click", () => {
+      const folded = document.querySelectorAll("details.call:not([open]), details.subagent:not([open])");
+      const open = folded.length > 0;
+      for (const node of document.querySelectorAll("details.call, details.subagent")) node.open = open;
+      unfold.textContent = open ? "Fold all" : "Unfold all";
+    });
+  }
+  showTarget();
+});
+window.addEventListener("hashchange", showTarget);
