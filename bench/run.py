@@ -248,7 +248,18 @@ def main() -> None:
             show(f"per-iteration overhead, {length} messages", ours, bare)
             show(f"  bare openai SDK loop, {length} messages", bare)
         bench_parallel_tools(server, home)
-    from bench import acp_cancel, context, delegation, judge, mcp_servers, render, sandbox, sessions, skills
+    from bench import (
+        acp_cancel,
+        context,
+        delegation,
+        judge,
+        mcp_servers,
+        render,
+        sandbox,
+        sessions,
+        skills,
+        web,
+    )
 
     sessions.main()
     skills.main()
@@ -259,6 +270,7 @@ def main() -> None:
     judge.main()
     mcp_servers.main()
     acp_cancel.main()
+    web.main()
 
 
 if __name__ == "__main__":

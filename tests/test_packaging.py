@@ -72,6 +72,9 @@ def test_the_wheel_installs_four_top_level_names_and_the_defaults(wheel: Path) -
         "mibyan/gateway/runner.py",
         "mibyan/gateway/connectors/http.py",
         "mibyan/editors/server.py",
+        "mibyan/web/templates/session.html",
+        "mibyan/web/static/web.js",
+        "mibyan/web/static/web.css",
     } <= set(names)
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
     with zipfile.ZipFile(wheel) as archive:

@@ -217,7 +217,7 @@ async def _no_icon(request: Request) -> Response:
     return Response(status_code=204)
 
 
-def create_app(store: SessionStore, *, token: str, cookie: str, poll_interval: float = 0.5) -> Starlette:
+def create_app(store: SessionStore, *, token: str, cookie: str, poll_interval: float = 0.25) -> Starlette:
     """The viewer over `store` (opened read-only), behind the token and Host check of `Guard`."""
     viewer = Viewer(store, poll_interval=poll_interval)
     return Starlette(

@@ -32,10 +32,15 @@ function findCall(list, callId) {
 }
 
 function appendNew(list, html) {
+  // A reader at the bottom of the page follows the conversation; one reading above it stays put.
+  const following = window.innerHeight + window.scrollY >= document.body.scrollHeight - 120;
   const content = fragment(html);
   const first = content.firstElementChild;
   list.appendChild(content);
-  if (first) first.classList.add("new");
+  if (first) {
+    first.classList.add("new");
+    if (following) first.scrollIntoView({ block: "end" });
+  }
 }
 
 function listen(list) {
