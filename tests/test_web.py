@@ -177,3 +177,33 @@ def test_the_live_stream_sends_a_message_stored_after_the_page_was_drawn(
     writer.join()
     assert "late &lt;script&gt;alert(&#39;owned&#39;)&lt;/script&gt;" in events[0]["html"]
     assert 'class="msg user"' in events[0]["html"]
+
+
+def test_a_compacted_session_being_watched_points_to_where_it_went_on(
+    client: TestClient, sessions: Sessions
+) -> None:
+    page = client.get(f"/s/{sessions.main}").text
+    (live,) = re.findall(r'data-live="([^"]+)"', page)
+    with client.stream("GET", live.replace("&amp;", "&")) as stream:
+        lines = list(stream.iter_lines())  # the stream ends: the session will not grow any more
+    assert "event: continued" in lines
+    data = json.loads(next(line for line in lines if line.startswith("data:"))[5:])
+    assert f'<a href="/s/{sessions.child}">' in data["html"]
+
+
+def test_a_long_transcript_is_paged_and_search_links_to_the_page_of_the_message(
+    written: tuple[Path, Sessions], sessions: Sessions
+) -> None:
+    with SessionStore(written[0] / "state.db", read_only=True) as store:
+        app = create_app(store, token=TOKEN, cookie="paged", page_size=10)
+        with TestClient(app, base_url=ORIGIN) as paged:
+            paged.get(f"/?token={TOKEN}")
+            last = paged.get(f"/s/{sessions.main}").text
+            assert 'id="m30"' in last and 'id="m29"' not in last  # the newest page first
+            second = paged.get(f"/s/{sessions.main}?page=1").text
+            shown = {int(n) for n in re.findall(r'<li class="msg [^"]*" id="m(\d+)"', second)}
+            assert min(shown) >= 10 and max(shown) <= 19 and f"/s/{sessions.main}?page=3" in second
+            found = paged.get("/search", params={"q": "owned"}).text
+            for seq in re.findall(rf'href="/s/{sessions.main}\?page=(\d+)#m(\d+)"', found):
+                assert int(seq[0]) == int(seq[1]) // 10
+            assert f"/s/{sessions.main}?page=3#m30" in found

@@ -44,7 +44,7 @@ _HEARTBEAT = 15.0  # seconds between keep-alive comments on a quiet live stream
 _LAST_EVENT = re.compile(r"^(-?\d+):(\d+)$")
 
 
-def _environment() -> Environment:
+def _environment(page_size: int) -> Environment:
     env = Environment(
         loader=FileSystemLoader(HERE / "templates"),
         autoescape=True,
@@ -62,7 +62,7 @@ def _environment() -> Environment:
         clock=lambda ts: datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S"),
         tokens=lambda n: f"{n / 1000:.1f}k" if n >= 10_000 else f"{n:,}",
     )
-    env.globals.update(page_of=transcript.page_of)
+    env.globals.update(page_of=lambda seq: max(0, seq) // page_size)
     return env
 
 
@@ -78,10 +78,11 @@ def _int(value: str | None, default: int) -> int:
 class Viewer:
     """The routes, over one read-only store."""
 
-    def __init__(self, store: SessionStore, *, poll_interval: float) -> None:
+    def __init__(self, store: SessionStore, *, poll_interval: float, page_size: int) -> None:
         self.store = store
         self.poll_interval = poll_interval
-        self.env = _environment()
+        self.page_size = page_size
+        self.env = _environment(page_size)
         self._macros = self.env.get_template("_items.html").module
 
     def fragment(self, macro: str, *args: Any) -> str:
@@ -124,7 +125,8 @@ class Viewer:
         if row is None:
             return self._missing(session_id)
         page = request.query_params.get("page")
-        view = transcript.load_transcript(self.store, row, None if page is None else _int(page, 0))
+        number = None if page is None else _int(page, 0)
+        view = transcript.load_transcript(self.store, row, number, page_size=self.page_size)
         calls = self.store.model_calls(session_id) if self._has_model_calls() else []
         return self._page("session.html", t=view, s=row, chart=token_chart(calls), calls=calls)
 
@@ -217,9 +219,24 @@ async def _no_icon(request: Request) -> Response:
     return Response(status_code=204)
 
 
-def create_app(store: SessionStore, *, token: str, cookie: str, poll_interval: float = 0.25) -> Starlette:
-    """The viewer over `store` (opened read-only), behind the token and Host check of `Guard`."""
-    viewer = Viewer(store, poll_interval=poll_interval)
+def create_app(
+    store: SessionStore,
+    *,
+    token: str,
+    cookie: str,
+    poll_interval: float = 0.25,
+    page_size: int = transcript.PAGE_SIZE,
+) -> Starlette:
+    """The viewer over `store` (opened read-only), behind the token and Host check of `Guard`.
+
+    Args:
+        store: the session store, opened read-only.
+        token: what every request must carry (see `Guard`).
+        cookie: the name of the cookie that carries it after the first visit.
+        poll_interval: seconds between two looks for new messages of a watched session.
+        page_size: messages per page of a transcript.
+    """
+    viewer = Viewer(store, poll_interval=poll_interval, page_size=page_size)
     return Starlette(
         routes=[
             Route("/", viewer.sessions),

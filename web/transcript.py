@@ -15,7 +15,7 @@ from typing import Any
 from agent_state import SessionStore
 from mibyan.agent.messages import INTERRUPTED_RESULT, NO_REPLY
 
-#: Messages per page of a transcript.
+#: Messages per page of a transcript (the viewer's default).
 PAGE_SIZE = 2000
 #: Messages of a subagent's session shown under its call (the rest: open the session).
 NESTED_MESSAGES = 200
@@ -240,16 +240,14 @@ def _mark_approvals(items: list[Item], approvals: dict[str, dict[str, Any]]) -> 
             call.approval = approvals.get(call.call_id)
 
 
-def page_of(seq: int) -> int:
-    return max(0, seq) // PAGE_SIZE
-
-
-def load_transcript(store: SessionStore, session: dict[str, Any], page: int | None) -> Transcript:
+def load_transcript(
+    store: SessionStore, session: dict[str, Any], page: int | None, *, page_size: int = PAGE_SIZE
+) -> Transcript:
     """One page of `session` (the last page when `page` is None)."""
     session_id = session["id"]
-    pages = max(1, -(-int(session["message_count"]) // PAGE_SIZE))
+    pages = max(1, -(-int(session["message_count"]) // page_size))
     page = pages - 1 if page is None else min(max(0, page), pages - 1)
-    items = build_items(message_rows(store, session_id, page * PAGE_SIZE, (page + 1) * PAGE_SIZE))
+    items = build_items(message_rows(store, session_id, page * page_size, (page + 1) * page_size))
     events = store.events(session_id)
     _mark_approvals(items, _approvals(events))
     continued_in, subagents = children(store, session_id)
