@@ -6,16 +6,21 @@ import json
 import re
 import threading
 from collections.abc import Iterator
+from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from loopback import ScriptedServer
 from starlette.testclient import TestClient
 from webbing import ESC, HOSTILE_MODEL, XSS, Sessions, make_sessions
 
 from agent_state import SessionStore
+from mibyan.cli.sanitize import visible
 from mibyan.web.app import create_app
 from mibyan.web.guard import CONTENT_SECURITY_POLICY
+from mibyan.web.text import markdown_html, text_html
 
 TOKEN = "test-web-token"
 ORIGIN = "http://127.0.0.1:8765"
@@ -111,7 +116,10 @@ def test_a_transcript_folds_calls_marks_refusals_and_shows_lineage_and_subagents
     assert f'subagent session <a href="/s/{sessions.subagent}">' in nested
     assert "child report &lt;script&gt;" in nested  # the subagent's own messages, under its call
     assert f'continues in session <a href="/s/{sessions.child}">' in page  # the compaction boundary
-    assert page.count('<g class="call">') == 3  # a bar per model call (the history it began with made none)
+    # a bar per model call (the history it began with made none), each a link to the reply it became
+    bars = re.findall(r'<a href="\?page=0#m(\d+)"><g class="call">', page)
+    replies = re.findall(r'<li class="msg assistant" id="m(\d+)"', page)[-3:]
+    assert bars == replies
 
     child = client.get(f"/s/{sessions.child}").text
     assert f'this session continues <a href="/s/{sessions.main}">' in child
@@ -207,3 +215,42 @@ def test_a_long_transcript_is_paged_and_search_links_to_the_page_of_the_message(
             for seq in re.findall(rf'href="/s/{sessions.main}\?page=(\d+)#m(\d+)"', found):
                 assert int(seq[0]) == int(seq[1]) // 10
             assert f"/s/{sessions.main}?page=3#m30" in found
+
+
+_FRAGMENTS = [
+    "<script>", "</script>", "<img src=x onerror=alert(1)>", "<a href='javascript:alert(1)'>", "[a](", "](",
+    ")", "javascript:", "JaVa\tScRiPt:", " vbscript:", "data:text/html,", "&#x09;", "&colon;", "&#106;", "<",
+    ">", '"', "'", "`", "```", "**", "![x](", "<javascript:alert(1)>", "[r]: ", "[r]", "\n", "\n\n", "|",
+    "---", "\\", "%0a", "\x1b[2J", "\x07", "\u202e", "\x00", "http://x/", "mailto:a@b", "# ", "> ", "1. ",
+    "    ", "[a](ftp://x/)", "<tel:123>", "[a](javascript:alert(1))", "[r]: file:///etc/passwd",
+]  # fmt: skip
+_TAGS = {"p", "em", "strong", "code", "pre", "a", "ul", "ol", "li", "blockquote", "hr", "br", "s", "span"}
+_TAGS |= {"table", "thead", "tbody", "tr", "th", "td", "h1", "h2", "h3", "h4", "h5", "h6"}
+
+
+class _Elements(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.found: list[tuple[str, dict[str, str | None]]] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.found.append((tag, dict(attrs)))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.sampled_from(_FRAGMENTS) | st.text(max_size=5), max_size=24).map("".join))
+def test_stored_text_becomes_inert_html_whatever_it_holds(stored: str) -> None:
+    plain, answer = str(text_html(stored)), str(markdown_html(stored))
+    assert visible(plain) == plain and visible(answer) == answer  # no control character reaches the page
+    elements = _Elements()
+    elements.feed(plain)
+    assert all(tag == "span" and attrs == {"class": "ctl"} for tag, attrs in elements.found)
+    elements = _Elements()
+    elements.feed(answer)
+    for tag, attrs in elements.found:
+        assert tag in _TAGS, tag
+        assert set(attrs) <= {"href", "rel", "class", "title", "start", "style"}, attrs
+        assert attrs.get("style") in (None, "text-align:left", "text-align:center", "text-align:right")
+        href = re.sub(r"[\x00-\x20]", "", attrs.get("href") or "").lower()  # as a browser reads it
+        scheme = re.match(r"([a-z][a-z0-9+.-]*):", href)
+        assert scheme is None or scheme.group(1) in ("http", "https", "mailto"), attrs["href"]

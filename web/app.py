@@ -128,7 +128,8 @@ class Viewer:
         number = None if page is None else _int(page, 0)
         view = transcript.load_transcript(self.store, row, number, page_size=self.page_size)
         calls = self.store.model_calls(session_id) if self._has_model_calls() else []
-        return self._page("session.html", t=view, s=row, chart=token_chart(calls), calls=calls)
+        chart = token_chart(calls, lambda seq: f"?page={max(0, seq) // self.page_size}#m{seq}")
+        return self._page("session.html", t=view, s=row, chart=chart, calls=calls)
 
     def _has_model_calls(self) -> bool:
         """Whether the database has the model_calls table (a newer mibyan made it; this one never does)."""

@@ -7,6 +7,7 @@ page's Content-Security-Policy allows neither inline); colours come from classes
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from markupsafe import Markup, escape
@@ -47,8 +48,9 @@ def _parts(call: dict[str, Any]) -> dict[str, int]:
     }
 
 
-def token_chart(calls: list[dict[str, Any]]) -> Markup:
-    """An SVG of the calls' tokens (empty when there are none)."""
+def token_chart(calls: list[dict[str, Any]], link: Callable[[int], str]) -> Markup:
+    """An SVG of the calls' tokens (empty when there are none); each bar links to `link(seq)`, the
+    address of the message the call's reply became."""
     if not calls:
         return Markup("")
     parts = [_parts(call) for call in calls]
@@ -82,7 +84,7 @@ def token_chart(calls: list[dict[str, Any]]) -> Markup:
                 f" · {call['output_tokens']:,} out"
             )
         )
-        out.append(f'<g class="call"><title>{tip}</title>')
+        out.append(f'<a href="{escape(link(call["seq"]))}"><g class="call"><title>{tip}</title>')
         base = 0
         for series in _SERIES[:3]:
             if part[series]:
@@ -90,7 +92,7 @@ def token_chart(calls: list[dict[str, Any]]) -> Markup:
                 base += part[series]
         if part["output"]:
             out.append(_rect("output", x + bar, y(part["output"]), bar, y(0) - y(part["output"])))
-        out.append("</g>")
+        out.append("</g></a>")
     out.append(f'<text class="axis" x="{_LEFT}" y="{_HEIGHT - 6}">model calls 1–{len(calls)}</text></svg>')
     return Markup("".join(out))
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
+import re
 from urllib.parse import parse_qsl, quote, urlencode
 
 from starlette.datastructures import Headers
@@ -30,6 +31,7 @@ _HEADERS = [
     (b"cache-control", b"no-store"),
     (b"cross-origin-resource-policy", b"same-origin"),
 ]
+_HOST = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+)(?::[0-9]{1,5})?$")
 _REFUSED = b"403: open the address 'mibyan web' printed (it carries the token), on this machine\n"
 
 
@@ -44,10 +46,10 @@ def is_loopback_host(host: str) -> bool:
 
 
 def host_of(header: str) -> str:
-    """The host part of a Host header: `[::1]:8080` → `[::1]`, `127.0.0.1:80` → `127.0.0.1`."""
-    if header.startswith("["):
-        return header.partition("]")[0] + "]"
-    return header.rpartition(":")[0] if header.count(":") == 1 else header
+    """The host part of a Host header (`[::1]:8080` → `[::1]`, `127.0.0.1:80` → `127.0.0.1`); "" for a
+    header that is not a host and an optional port."""
+    found = _HOST.match(header)
+    return found.group(1) if found else ""
 
 
 class Guard:
