@@ -10,6 +10,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
+from conftest import run_cli
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from loopback import ScriptedServer
@@ -254,3 +255,14 @@ def test_stored_text_becomes_inert_html_whatever_it_holds(stored: str) -> None:
         href = re.sub(r"[\x00-\x20]", "", attrs.get("href") or "").lower()  # as a browser reads it
         scheme = re.match(r"([a-z][a-z0-9+.-]*):", href)
         assert scheme is None or scheme.group(1) in ("http", "https", "mailto"), attrs["href"]
+
+
+def test_mibyan_web_refuses_an_address_other_machines_reach_and_a_home_without_sessions(
+    tmp_path: Path,
+) -> None:
+    outside = run_cli("web", "--host", "0.0.0.0", home=tmp_path)
+    assert outside.returncode == 2 and outside.stdout == ""
+    assert outside.stderr.count("\n") == 1 and "reachable from other machines" in outside.stderr
+    empty = run_cli("web", home=tmp_path)
+    no_sessions = f"mibyan: no sessions yet ({tmp_path}/state.db): start one with 'mibyan chat'\n"
+    assert (empty.returncode, empty.stderr) == (1, no_sessions)

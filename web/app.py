@@ -13,6 +13,7 @@ import asyncio
 import json
 import re
 import secrets
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from datetime import datetime
@@ -82,6 +83,7 @@ class Viewer:
         self.store = store
         self.poll_interval = poll_interval
         self.page_size = page_size
+        self.stopping = threading.Event()  # set: live streams end, so the server can stop at once
         self.env = _environment(page_size)
         self._macros = self.env.get_template("_items.html").module
 
@@ -132,7 +134,8 @@ class Viewer:
         return self._page("session.html", t=view, s=row, chart=chart, calls=calls)
 
     def _has_model_calls(self) -> bool:
-        """Whether the database has the model_calls table (a newer mibyan made it; this one never does)."""
+        """Whether the database has the model_calls table (one an older mibyan wrote may not: the viewer
+        reads, it never migrates)."""
         return bool(self.store.query("SELECT 1 FROM sqlite_master WHERE name = 'model_calls'"))
 
     def export(self, request: Request) -> Response:
@@ -165,7 +168,7 @@ class Viewer:
     async def _events(self, session_id: str, seq: int, message_id: int) -> AsyncIterator[str]:
         yield "retry: 1000\n\n"
         quiet_since = time.monotonic()
-        while True:
+        while not self.stopping.is_set():
             events, seq, message_id, done = await run_in_threadpool(self._poll, session_id, seq, message_id)
             for event in events:
                 yield event
@@ -238,7 +241,7 @@ def create_app(
         page_size: messages per page of a transcript.
     """
     viewer = Viewer(store, poll_interval=poll_interval, page_size=page_size)
-    return Starlette(
+    app = Starlette(
         routes=[
             Route("/", viewer.sessions),
             Route("/search", viewer.search),
@@ -250,3 +253,5 @@ def create_app(
         ],
         middleware=[Middleware(Guard, token=token, cookie=cookie)],
     )
+    app.state.viewer = viewer
+    return app

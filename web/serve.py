@@ -13,6 +13,10 @@ import asyncio
 import secrets
 import socket
 import sys
+from collections.abc import Callable
+from types import FrameType
+
+import uvicorn
 
 from agent_state import SessionStore
 from mibyan.agent.errors import MibyanError
@@ -34,6 +38,18 @@ def _listen(host: str, port: int) -> socket.socket:
         raise MibyanError(f"cannot listen on {host}:{port} ({exc.strerror or exc})") from None
     listener.listen(128)
     return listener
+
+
+class _Server(uvicorn.Server):
+    """uvicorn, which on Ctrl-C or SIGTERM also ends the live streams (they would hold it open)."""
+
+    def __init__(self, config: uvicorn.Config, *, on_exit: Callable[[], None]) -> None:
+        super().__init__(config)
+        self._on_exit = on_exit
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        self._on_exit()
+        super().handle_exit(sig, frame)
 
 
 def run_web(args: argparse.Namespace) -> int:
@@ -59,8 +75,6 @@ def run_web(args: argparse.Namespace) -> int:
 
 
 async def _serve(store: SessionStore, listener: socket.socket, host: str) -> int:
-    import uvicorn
-
     from mibyan.web.app import create_app
 
     port = listener.getsockname()[1]
@@ -74,7 +88,7 @@ async def _serve(store: SessionStore, listener: socket.socket, host: str) -> int
         lifespan="off",
         timeout_graceful_shutdown=1,
     )
-    server = uvicorn.Server(config)
+    server = _Server(config, on_exit=app.state.viewer.stopping.set)
     shown = f"[{host}]" if ":" in host else host
     task = asyncio.create_task(server.serve(sockets=[listener]))
     while not server.started and not task.done():

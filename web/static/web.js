@@ -25,7 +25,7 @@ function fragment(html) {
 }
 
 function findCall(list, callId) {
-  for (const call of list.querySelectorAll("details.call")) {
+  for (const call of list.querySelectorAll(":scope > li > details.call")) {
     if (call.dataset.call === callId) return call;
   }
   return null;
