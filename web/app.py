@@ -42,7 +42,7 @@ LIST_PAGE = 50
 SEARCH_LIMIT = 50
 _EXPORTS = {"jsonl": "application/x-ndjson", "md": "text/markdown"}
 _HEARTBEAT = 15.0  # seconds between keep-alive comments on a quiet live stream
-_LAST_EVENT = re.compile(r"^(-?\d+):(\d+)$")
+_LAST_EVENT = re.compile(r"^(-?\d{1,12}):(\d{1,12})$")
 
 
 def _environment(page_size: int) -> Environment:
@@ -73,7 +73,10 @@ def _short(text: str, width: int) -> str:
 
 
 def _int(value: str | None, default: int) -> int:
-    return int(value) if value is not None and value.lstrip("-").isdigit() else default
+    """A whole number from the address (a page, a seq), else `default`; far beyond any session: `default`."""
+    if value is None or not value.lstrip("-").isdigit() or len(value) > 12:
+        return default
+    return int(value)
 
 
 class Viewer:
