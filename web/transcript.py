@@ -25,7 +25,7 @@ NESTED_DEPTH = 2
 _COLUMNS = "id, seq, role, content, tool_calls, tool_call_id, name, reasoning, created_at"
 #: The start of a tool result that means the command did not run because nobody approved it.
 _REFUSALS = ("denied by user", "refused:", "blocked:", "not run:", "blocked by a hook")
-#: The line of a delegate_task report naming the subagent's session.
+#: The line of a delegate_task report naming the subagent's session (tools/delegation.py writes it).
 _REPORTED_SESSION = re.compile(r"^status: .* · session (\S+)$", re.MULTILINE)
 
 
@@ -103,6 +103,7 @@ class Transcript:
 
 
 def result_of(row: dict[str, Any]) -> Result:
+    """A stored tool message as a result, marked when it says the call was interrupted or refused."""
     content = row["content"] or ""
     mark = None
     if content == INTERRUPTED_RESULT:
@@ -127,6 +128,7 @@ def _calls_of(row: dict[str, Any]) -> list[Call]:
 
 
 def message_rows(store: SessionStore, session_id: str, start: int, stop: int) -> list[dict[str, Any]]:
+    """The session's messages with a seq from `start` to `stop` (excluded), without provider data."""
     rows = store.query(
         f"SELECT {_COLUMNS} FROM messages WHERE session_id = ? AND seq >= ? AND seq < ? ORDER BY seq",
         (session_id, start, stop),
@@ -201,8 +203,9 @@ def children(store: SessionStore, session_id: str) -> tuple[list[dict[str, Any]]
 
 def _place_subagents(
     store: SessionStore, items: list[Item], subagents: list[dict[str, Any]], depth: int
-) -> list[Nested]:
-    """Put each subagent session under its delegate_task call; return those no call claims."""
+) -> list[dict[str, Any]]:
+    """Put each subagent session under its delegate_task call among `items`; return those no call
+    claims (their call is on another page, or the report that named them was lost)."""
     by_id = {row["id"]: row for row in subagents}
     delegations = [(item, call) for item in items for call in item.calls if call.name == "delegate_task"]
     placed: set[str] = set()
@@ -219,7 +222,7 @@ def _place_subagents(
             if row["id"] not in placed and item.created_at <= row["created_at"] <= until:
                 call.subagents.append(nested(store, row, depth))
                 placed.add(row["id"])
-    return [nested(store, row, depth) for row in subagents if row["id"] not in placed]
+    return [row for row in subagents if row["id"] not in placed]
 
 
 def nested(store: SessionStore, session: dict[str, Any], depth: int) -> Nested:
@@ -251,7 +254,8 @@ def load_transcript(
     events = store.events(session_id)
     _mark_approvals(items, _approvals(events))
     continued_in, subagents = children(store, session_id)
-    others = _place_subagents(store, items, subagents, 0)
+    unclaimed = _place_subagents(store, items, subagents, 0)
+    last_page = page == pages - 1
     parent = store.get_session(session["parent_id"]) if session.get("parent_id") else None
     return Transcript(
         session=session,
@@ -262,7 +266,7 @@ def load_transcript(
         continued_in=continued_in,
         compacted=any(event["kind"] == "compressed" for event in events),
         events=[e for e in events if e["kind"] not in ("approval", "compressed")],
-        other_subagents=others if page == pages - 1 else [],
+        other_subagents=[nested(store, row, 0) for row in unclaimed] if last_page else [],
     )
 
 
