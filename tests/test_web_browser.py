@@ -79,6 +79,8 @@ def test_browse_search_unfold_and_watch_a_session_in_a_real_browser(
     page = browser.new_page(viewport={"width": 1200, "height": 900})
     dialogs: list[str] = []
     page.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
+    complaints: list[str] = []  # a refused inline script or style, a failed load
+    page.on("console", lambda message: message.type == "error" and complaints.append(message.text))
     shots = Path(os.environ.get("MIBYAN_TEST_ARTIFACTS") or tmp_path) / "screenshots"
 
     page.goto(address)
@@ -113,4 +115,4 @@ def test_browse_search_unfold_and_watch_a_session_in_a_real_browser(
     arrived.wait_for(timeout=15_000)
     arrived.scroll_into_view_if_needed()
     page.screenshot(path=shots / "live.png")
-    assert dialogs == []
+    assert dialogs == [] and complaints == []
