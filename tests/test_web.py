@@ -112,6 +112,11 @@ def test_a_transcript_folds_calls_marks_refusals_and_shows_lineage_and_subagents
     page = client.get(f"/s/{sessions.main}").text
     calls = re.findall(r'<details class="call[^"]*" data-call="[^"]+">.*?</details>', page, flags=re.S)
     assert any("rm -rf /" in call and 'class="badge refused"' in call for call in calls)
+    assert any(
+        "rm -r ./no-such-folder" in call
+        and '<span class="badge approved" title="approved by user (once)">' in call
+        for call in calls
+    )
     delegate = page[page.index('<details class="call delegate"') :]
     nested = delegate[: delegate.index('<div class="boundary">')]
     assert f'subagent session <a href="/s/{sessions.subagent}">' in nested

@@ -1,6 +1,7 @@
 """Real sessions for the viewer's tests: written by real agents (AIAgent on the loopback server), with
-hostile text in every place the viewer shows, a refused command, an interrupted call, a subagent, a
-compression, a gateway channel, and a database of 100,000 messages built fast through the store's schema.
+hostile text in every place the viewer shows, a refused and an approved command, an interrupted call,
+a subagent, a compression, a gateway channel, and 100,000 more messages put in fast through the store's
+own schema.
 """
 
 from __future__ import annotations
@@ -53,7 +54,11 @@ def _reply(body: dict[str, Any]) -> Reply:
         Reply(
             text=f"Let me look. [click](javascript:alert(1)) [docs](https://example.com/d) {ESC}",
             reasoning=f"thinking {ESC} hard",
-            tool_calls=[("terminal", {"command": f"echo '{XSS}'"}), ("terminal", {"command": "rm -rf /"})],
+            tool_calls=[
+                ("terminal", {"command": f"echo '{XSS}'"}),
+                ("terminal", {"command": "rm -rf /"}),  # never runs
+                ("terminal", {"command": "rm -r ./no-such-folder"}),  # asks first; the user says yes
+            ],
         ),
         Reply(tool_calls=[("delegate_task", {"goal": "look around"})]),
         Reply(text=f"Done. {XSS} `code`", usage={"prompt_tokens": 900, "completion_tokens": 40}),
@@ -74,7 +79,11 @@ def make_sessions(home: Path, server: ScriptedServer) -> Sessions:
             {"role": "user", "content": f"step {i}: {XSS if i == 0 else ''} read module {i}"},
             {"role": "assistant", "content": f"module {i} is fine " * 30},
         ]
-    with AIAgent(base_url=server.base_url, home=home, source="cli") as agent:
+
+    def approve(command: str, reason: str) -> str:
+        return "once"
+
+    with AIAgent(base_url=server.base_url, home=home, source="cli", approval_callback=approve) as agent:
         agent.run_conversation(f"Please {XSS} {ESC} look around", conversation_history=history)
         main = agent.session_id
         agent.compress()
