@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-import threading
 from collections.abc import Iterator
 from html.parser import HTMLParser
 from pathlib import Path
@@ -166,31 +165,36 @@ def test_exports_are_the_stored_messages_and_name_only_the_session(
         assert client.get(bad).status_code == 404
 
 
-def test_the_live_stream_sends_a_message_stored_after_the_page_was_drawn(
+def test_the_live_stream_sends_what_is_stored_after_the_page_was_drawn(
     client: TestClient, written: tuple[Path, Sessions], sessions: Sessions
 ) -> None:
     page = client.get(f"/s/{sessions.child}").text
     (live,) = re.findall(r'data-live="([^"]+)"', page)
-    arrived = threading.Event()
-
-    def write_when_listening() -> None:
-        with SessionStore.open(written[0]) as store:
-            arrived.wait(30)  # the stream is open: the message lands after it started
-            store.append_message(sessions.child, {"role": "user", "content": f"late {XSS}"})
-
-    writer = threading.Thread(target=write_when_listening)
-    writer.start()
-    events = []
-    with client.stream("GET", live.replace("&amp;", "&")) as stream:
+    received: list[tuple[str, dict[str, str]]] = []
+    subagent = {"parent_id": sessions.child, "source": "subagent", "title": "Task: help"}
+    with SessionStore.open(written[0]) as store, client.stream("GET", live.replace("&amp;", "&")) as stream:
+        kind = ""
         for line in stream.iter_lines():
-            if line.startswith("retry:"):
-                arrived.set()
-            if line.startswith("data:"):
-                events.append(json.loads(line[5:]))
-                break
-    writer.join()
-    assert "late &lt;script&gt;alert(&#39;owned&#39;)&lt;/script&gt;" in events[0]["html"]
-    assert 'class="msg user"' in events[0]["html"]
+            if line.startswith("retry:"):  # listening: what is stored from now on is news
+                store.append_message(sessions.child, {"role": "user", "content": f"late {XSS}"})
+            elif line.startswith(": still here"):
+                break  # 15 s without news: what was stored did not come
+            elif line.startswith("event:"):
+                kind = line.removeprefix("event:").strip()
+            elif line.startswith("data:"):
+                received.append((kind, json.loads(line.removeprefix("data:"))))
+                if kind != "message":
+                    break
+                # a subagent starts working for the session
+                store.append_message("sub-live", {"role": "user", "content": "Task: help"}, create=subagent)
+    (message, fragment), (grown, nested) = received
+    assert message == "message" and 'class="msg user"' in fragment["html"]
+    assert "late &lt;script&gt;alert(&#39;owned&#39;)&lt;/script&gt;" in fragment["html"]
+    assert grown == "subagent" and nested["session"] == "sub-live"
+    assert (
+        '<details class="subagent" data-session="sub-live">' in nested["html"]
+        and "Task: help" in nested["html"]
+    )
 
 
 def test_a_compacted_session_being_watched_points_to_where_it_went_on(

@@ -10,7 +10,6 @@ messages by seq (an index lookup) and sends each new one as an HTML fragment (se
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 import secrets
 import threading
@@ -31,7 +30,7 @@ from starlette.staticfiles import StaticFiles
 
 from agent_state import SessionStore, fts_query
 from mibyan.cli.sessions import age, export_lines
-from mibyan.web import transcript
+from mibyan.web import live, transcript
 from mibyan.web.chart import token_chart
 from mibyan.web.guard import Guard
 from mibyan.web.text import attribute, markdown_html, pretty_arguments, snippet_html, text_html
@@ -152,7 +151,7 @@ class Viewer:
         headers = {"Content-Disposition": f'attachment; filename="mibyan-{name}.{kind}"'}
         return Response(body, media_type=f"{_EXPORTS[kind]}; charset=utf-8", headers=headers)
 
-    async def live(self, request: Request) -> Response:
+    async def live_updates(self, request: Request) -> Response:
         """Server-sent events: each message stored after the one the page shows, as it lands."""
         session_id = request.path_params["session_id"]
         if await run_in_threadpool(self.store.get_session, session_id) is None:
@@ -163,19 +162,18 @@ class Viewer:
         else:
             seq = _int(request.query_params.get("seq"), -1)
             message_id = _int(request.query_params.get("id"), 0)
+        watch = live.Watch(session_id, seq, message_id)
         headers = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
-        return StreamingResponse(
-            self._events(session_id, seq, message_id), media_type="text/event-stream", headers=headers
-        )
+        return StreamingResponse(self._events(watch), media_type="text/event-stream", headers=headers)
 
-    async def _events(self, session_id: str, seq: int, message_id: int) -> AsyncIterator[str]:
+    async def _events(self, watch: live.Watch) -> AsyncIterator[str]:
         yield "retry: 1000\n\n"
         quiet_since = time.monotonic()
         while not self.stopping.is_set():
-            events, seq, message_id, done = await run_in_threadpool(self._poll, session_id, seq, message_id)
+            events = await run_in_threadpool(live.poll, self.store, self.fragment, watch)
             for event in events:
                 yield event
-            if done:
+            if watch.over:
                 return
             if events:
                 quiet_since = time.monotonic()
@@ -183,43 +181,6 @@ class Viewer:
                 yield ": still here\n\n"
                 quiet_since = time.monotonic()
             await asyncio.sleep(self.poll_interval)
-
-    def _poll(self, session_id: str, seq: int, message_id: int) -> tuple[list[str], int, int, bool]:
-        """(events, last seq, last id, whether the stream is over) for what was stored after (seq, id)."""
-        rows = transcript.new_rows(self.store, session_id, max(seq, 0))
-        if seq >= 0:
-            if not rows or rows[0]["seq"] != seq or rows[0]["id"] != message_id:
-                return [_event("reload", {})], seq, message_id, True  # rewritten: a repair, an undo
-            rows = rows[1:]
-        events = []
-        for row in rows:
-            events.append(_event(*self._fragment(session_id, row), last=(row["seq"], row["id"])))
-            seq, message_id = row["seq"], row["id"]
-        if not rows:
-            row = self.store.get_session(session_id) or {}
-            if row.get("end_reason") == "compressed":
-                continued, _ = transcript.children(self.store, session_id)
-                if continued:
-                    html = self.fragment("continued", continued[-1])
-                    return [*events, _event("continued", {"html": html})], seq, message_id, True
-        return events, seq, message_id, False
-
-    def _fragment(self, session_id: str, row: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-        if row["role"] == "tool" and row["tool_call_id"]:
-            call = transcript.live_result(self.store, session_id, row)
-            alone = transcript.build_items([row])[0]
-            return "result", {
-                "call": call.call_id,
-                "html": self.fragment("slot", call, ""),
-                "alone": self.fragment("item", alone, ""),
-            }
-        item = transcript.build_items([row])[0]
-        return "message", {"html": self.fragment("item", item, "")}
-
-
-def _event(kind: str, data: dict[str, Any], last: tuple[int, int] | None = None) -> str:
-    head = f"id: {last[0]}:{last[1]}\n" if last is not None else ""
-    return f"{head}event: {kind}\ndata: {json.dumps(data, ensure_ascii=True)}\n\n"
 
 
 async def _no_icon(request: Request) -> Response:
@@ -249,7 +210,7 @@ def create_app(
             Route("/", viewer.sessions),
             Route("/search", viewer.search),
             Route("/s/{session_id}", viewer.session),
-            Route("/s/{session_id}/live", viewer.live),
+            Route("/s/{session_id}/live", viewer.live_updates),
             Route("/s/{session_id}/export.{kind}", viewer.export),
             Route("/favicon.ico", _no_icon),
             Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),

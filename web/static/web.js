@@ -61,6 +61,21 @@ function listen(list) {
       appendNew(list, data.alone);
     }
   });
+  source.addEventListener("subagent", (event) => {
+    // A subagent at work: its session is redrawn under the delegate_task call still waiting for it.
+    const data = JSON.parse(event.data);
+    const drawn = [...list.querySelectorAll("details.subagent")].find((n) => n.dataset.session === data.session);
+    const content = fragment(data.html);
+    if (drawn) {
+      content.firstElementChild.open = drawn.open;
+      drawn.replaceWith(content);
+      return;
+    }
+    const waiting = [...list.querySelectorAll(":scope > li > details.call.delegate")]
+      .filter((call) => call.querySelector(":scope > .slot > .pending"));
+    if (waiting.length) waiting[waiting.length - 1].querySelector(":scope > .slot").appendChild(content);
+    else appendNew(list, data.html);
+  });
   source.addEventListener("continued", (event) => {
     source.close();
     list.after(fragment(JSON.parse(event.data).html));
