@@ -70,8 +70,11 @@ class Guard:
         return candidate is not None and hmac.compare_digest(candidate.encode(), self._token)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] == "lifespan":
             await self.app(scope, receive, send)
+            return
+        if scope["type"] != "http":  # the viewer speaks plain HTTP only: a websocket is turned away
+            await send({"type": "websocket.close", "code": 1008})
             return
         headers = Headers(scope=scope)
         if not is_loopback_host(host_of(headers.get("host", ""))):
