@@ -77,9 +77,9 @@ def serving(store: SessionStore) -> Iterator[int]:
     import uvicorn
 
     from mibyan.web.app import create_app
-    from mibyan.web.serve import _listen
+    from mibyan.web.serve import listen_on
 
-    listener = _listen("127.0.0.1", 0)
+    listener = listen_on("127.0.0.1", 0)
     app = create_app(store, token="t", cookie="c")
     server = uvicorn.Server(uvicorn.Config(app, log_config=None, log_level="warning", lifespan="off"))
     thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[listener])), daemon=True)

@@ -60,8 +60,10 @@ def test_a_request_without_the_token_or_from_a_foreign_host_is_refused(
     assert stranger.get("/?token=wrong").status_code == 403
 
     # DNS rebinding: the page of another site, its name pointed at 127.0.0.1, sends its own Host
-    assert client.get("/", headers={"Host": "attacker.example:8765"}).status_code == 403
-    assert client.get("/", headers={"Host": "localhost:8765"}).status_code == 200
+    for host in ("attacker.example:8765", "127.0.0.1.attacker.example", "127.0.0.1:80@attacker.example", ""):
+        assert client.get("/", headers={"Host": host}).status_code == 403, host
+    for host in ("localhost:8765", "[::1]:8765", "127.0.0.2"):
+        assert client.get("/", headers={"Host": host}).status_code == 200, host
 
     # the token in the address becomes a cookie the page's script cannot read, and leaves the address
     entry = stranger.get(f"{ORIGIN}//attacker.example/?token={TOKEN}&source=cli", follow_redirects=False)

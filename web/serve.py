@@ -26,7 +26,8 @@ from mibyan.config.paths import mibyan_home
 from mibyan.web.guard import is_loopback_host
 
 
-def _listen(host: str, port: int) -> socket.socket:
+def listen_on(host: str, port: int) -> socket.socket:
+    """A listening TCP socket; MibyanError (one line) when the address cannot be had."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     # IPPROTO_TCP named so asyncio sets TCP_NODELAY (else small replies wait for a delayed ACK)
     listener = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
@@ -66,7 +67,7 @@ def run_web(args: argparse.Namespace) -> int:
         return EXIT_ERROR
     try:
         store = SessionStore(path, read_only=True)
-        listener = _listen(args.host, args.port)
+        listener = listen_on(args.host, args.port)
     except MibyanError as exc:
         sys.stderr.write(f"mibyan: {visible(str(exc))}\n")
         return EXIT_ERROR
