@@ -66,6 +66,7 @@ class Item:
     calls: list[Call] = field(default_factory=list)
     result: Result | None = None  # a tool result shown on its own
     interrupted: bool = False
+    notes: list[dict[str, Any]] = field(default_factory=list)  # what happened just before (events)
 
 
 @dataclass
@@ -88,7 +89,7 @@ class Transcript:
     parent: dict[str, Any] | None  # the session this one continues (compression) or serves (subagent)
     continued_in: list[dict[str, Any]]  # the compression children
     compacted: bool  # this session starts with a compression summary
-    events: list[dict[str, Any]]
+    events: list[dict[str, Any]]  # those after the page's last message
     other_subagents: list[Nested]
 
     @property
@@ -237,6 +238,16 @@ def nested(store: SessionStore, session: dict[str, Any], depth: int) -> Nested:
     return Nested(session, items, max(0, session["message_count"] - NESTED_MESSAGES))
 
 
+def _place_notes(items: list[Item], events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Put each event (a provider switch, say) before the first message stored after it; return the
+    events after the last one."""
+    left = sorted(events, key=lambda event: event["created_at"])
+    for item in items:
+        while left and left[0]["created_at"] <= item.created_at:
+            item.notes.append(left.pop(0))
+    return left
+
+
 def _mark_approvals(items: list[Item], approvals: dict[str, dict[str, Any]]) -> None:
     for item in items:
         for call in item.calls:
@@ -265,7 +276,7 @@ def load_transcript(
         parent=parent,
         continued_in=continued_in,
         compacted=any(event["kind"] == "compressed" for event in events),
-        events=[e for e in events if e["kind"] not in ("approval", "compressed")],
+        events=_place_notes(items, [e for e in events if e["kind"] not in ("approval", "compressed")]),
         other_subagents=[nested(store, row, 0) for row in unclaimed] if last_page else [],
     )
 
