@@ -67,11 +67,15 @@ def run_web(args: argparse.Namespace) -> int:
         return EXIT_ERROR
     try:
         store = SessionStore(path, read_only=True)
-        listener = listen_on(args.host, args.port)
     except MibyanError as exc:
         sys.stderr.write(f"mibyan: {visible(str(exc))}\n")
         return EXIT_ERROR
     with store:
+        try:
+            listener = listen_on(args.host, args.port)
+        except MibyanError as exc:
+            sys.stderr.write(f"mibyan: {visible(str(exc))}\n")
+            return EXIT_ERROR
         return asyncio.run(_serve(store, listener, args.host))
 
 
@@ -94,8 +98,10 @@ async def _serve(store: SessionStore, listener: socket.socket, host: str) -> int
     task = asyncio.create_task(server.serve(sockets=[listener]))
     while not server.started and not task.done():
         await asyncio.sleep(0.01)
-    if server.started:
-        sys.stdout.write(f"mibyan web: http://{shown}:{port}/?token={token}\n")
-        sys.stdout.flush()
+    if not server.started:
+        await task  # what stopped it is on stderr (uvicorn's log)
+        return EXIT_ERROR
+    sys.stdout.write(f"mibyan web: http://{shown}:{port}/?token={token}\n")
+    sys.stdout.flush()
     await task
     return EXIT_OK

@@ -68,7 +68,7 @@ def _markdown() -> MarkdownIt:
     return md
 
 
-_MD = _markdown()
+_MD = _markdown()  # built once: nothing changes its rules afterwards
 
 
 def markdown_html(text: str | None) -> Markup:
