@@ -107,7 +107,12 @@ def test_browse_search_unfold_and_watch_a_session_in_a_real_browser(
     assert page.get_by_text(f"child report {XSS}").count() >= 1  # the stored <script> is text
     page.screenshot(path=shots / "transcript.png", full_page=True)
 
-    page.goto(f"{origin}/s/{sessions.child}")
+    delegate = page.locator("details.call", has_text="delegate_task").first
+    delegate.locator("summary").first.click()
+    assert delegate.locator(f'a[href="/s/{sessions.subagent}"]').first.is_visible()  # nested under its call
+    page.locator(f'.boundary a[href="/s/{sessions.child}"]').click()  # the compaction's lineage
+    page.wait_for_url(f"{origin}/s/{sessions.child}")
+    assert page.locator(f'a[href="/s/{sessions.main}"]').count() >= 1
     page.wait_for_selector("#live-status:has-text('live')")
     with SessionStore.open(path) as store:
         store.append_message(sessions.child, {"role": "user", "content": f"said while you watch {XSS}"})
