@@ -468,6 +468,50 @@ def test_a_body_that_is_not_json_is_400(gateway: RunningGateway) -> None:
     assert (status, payload["error"]["type"]) == (400, "invalid_request_error")
 
 
+def test_malformed_requests_are_400_in_the_envelope_and_leave_no_traceback(
+    gateway: RunningGateway, server: ScriptedServer
+) -> None:
+    chat = f"{gateway.url}/chat/completions"
+    hi = [{"role": "user", "content": "hi"}]
+    bodies = [
+        b"[" * 5000,
+        b'{"model": "meepa", "messages": [{"role": "user", "content": "\\ud800"}]}',
+        json.dumps({"model": "meepa", "messages": hi, "stream": "yes"}).encode(),
+    ]
+    answers = [_post(chat, body) for body in bodies]
+    address = urllib.parse.urlsplit(gateway.url)
+    hanging = http.client.HTTPConnection(address.hostname, address.port, timeout=30)
+    hanging.putrequest("POST", "/v1/chat/completions")
+    hanging.putheader("Authorization", f"Bearer {TOKEN}")
+    hanging.putheader("Content-Length", "1000")
+    hanging.endheaders(b'{"model": "meepa", "mess')
+    hanging.close()  # the client hangs up halfway through its body
+    log = gateway.home / "logs" / "gateway.log"
+    assert wait_until(lambda: "hung up" in log.read_text())
+    server.add(Reply(text="one"), Reply(text="two"))
+    ask(gateway, "hi", channel="alice")
+    padded = http.client.HTTPConnection(address.hostname, address.port, timeout=30)
+    body = json.dumps({"model": "meepa", "messages": [{"role": "user", "content": "again"}]})
+    padded.request(
+        "POST",
+        "/v1/chat/completions",
+        body,
+        {"Authorization": f"Bearer {TOKEN}", "X-Mibyan-Channel": " alice "},
+    )
+    assert padded.getresponse().status == 200
+    assert gateway.terminate() == 0
+
+    assert [(status, payload["error"]["code"]) for status, payload in answers] == [(400, "bad_request")] * 3
+    assert [payload["error"]["message"] for _, payload in answers] == [
+        "the body nests too deeply",
+        "the body holds a lone surrogate (such as \\ud800), which is not text",
+        "'stream' must be a boolean",
+    ]
+    assert user_texts(server.requests[1].body) == ["hi", "again"]  # the blanks around a channel do not count
+    assert all(line.startswith("mibyan gateway: ") for line in gateway.lines), gateway.lines
+    assert "Traceback" not in log.read_text() and log.read_text().count("hung up") == 1
+
+
 def test_unknown_routes_wrong_methods_and_our_own_failures_answer_in_openais_envelope(
     gateway: RunningGateway, server: ScriptedServer
 ) -> None:

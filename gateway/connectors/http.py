@@ -32,19 +32,21 @@ from starlette.routing import Route
 
 from mibyan.agent.errors import ConfigError, MibyanError
 from mibyan.config.gateway import Connector as ConnectorSettings
+from mibyan.gateway.connectors.http_requests import (
+    BadRequest,
+    HungUp,
+    check_channel,
+    check_message_key,
+    check_text,
+    parse_body,
+    parse_messages,
+    read_body,
+)
 from mibyan.gateway.ledger import Reply
 from mibyan.gateway.runner import Gateway
 from mibyan.gateway.work import Inbound, Outcome, ShuttingDown, UnknownAgent
 
 log = logging.getLogger("mibyan.gateway")
-_ROLES = frozenset({"system", "user", "assistant", "tool"})
-_KEPT_KEYS = ("role", "content", "tool_calls", "tool_call_id", "name")
-_CHANNEL_MAX = 200
-_BODY_MAX = 8 * 1024 * 1024  # bytes of one request body: a conversation, not an upload
-
-
-class BadRequest(Exception):
-    """The request body is not a chat completion request we can serve."""
 
 
 def is_loopback_host(host: str) -> bool:
@@ -75,60 +77,6 @@ def read_token(settings: ConnectorSettings, env: dict[str, str] | os._Environ[st
 def error(status: int, message: str, kind: str, code: str) -> JSONResponse:
     """An error response in OpenAI's envelope."""
     return JSONResponse({"error": {"message": message, "type": kind, "code": code}}, status_code=status)
-
-
-def _text_of(content: Any) -> str:
-    """A message's text: a string, or the text parts of a content list."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = [p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text"]
-        if all(isinstance(p, str) for p in parts) and parts:
-            return "".join(str(p) for p in parts)
-    raise BadRequest("message content must be a string or a list of text parts")
-
-
-def parse_messages(body: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
-    """The new user message and the messages before it, checked."""
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise BadRequest("'messages' must be a non-empty list")
-    cleaned: list[dict[str, Any]] = []
-    for index, message in enumerate(messages):
-        if not isinstance(message, dict) or message.get("role") not in _ROLES:
-            raise BadRequest(f"messages[{index}]: needs a role of {', '.join(sorted(_ROLES))}")
-        kept = {k: message[k] for k in _KEPT_KEYS if k in message and message[k] is not None}
-        if "content" in kept and message["role"] != "assistant":
-            kept["content"] = _text_of(kept["content"])
-        kept.setdefault("content", None if message["role"] == "assistant" else "")
-        cleaned.append(kept)
-    last = cleaned[-1]
-    if last["role"] != "user":
-        raise BadRequest("the last message must be the user's (role 'user')")
-    return str(last["content"]), cleaned[:-1]
-
-
-async def _read_body(request: Request) -> bytes:
-    """The request body, refused (BadRequest) past `_BODY_MAX` bytes however it is sent."""
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > _BODY_MAX:
-        raise BadRequest(f"the body is larger than {_BODY_MAX // (1024 * 1024)} MiB")
-    parts: list[bytes] = []
-    size = 0
-    async for part in request.stream():
-        size += len(part)
-        if size > _BODY_MAX:
-            raise BadRequest(f"the body is larger than {_BODY_MAX // (1024 * 1024)} MiB")
-        parts.append(part)
-    return b"".join(parts)
-
-
-def check_channel(channel: object) -> None:
-    """A channel id is a short printable string: it names a session and shows in `mibyan sessions`."""
-    if not isinstance(channel, str) or not channel.strip():
-        raise BadRequest("the channel ('user' or X-Mibyan-Channel) must be a non-empty string")
-    if len(channel) > _CHANNEL_MAX or not channel.isprintable():
-        raise BadRequest(f"the channel must be at most {_CHANNEL_MAX} printable characters")
 
 
 def completion(outcome: Outcome, model: str) -> dict[str, Any]:
@@ -269,24 +217,23 @@ class HttpConnector:
         if not self._authorized(request):
             return error(401, "missing or wrong bearer token", "authentication_error", "invalid_api_key")
         try:
-            body = json.loads(await _read_body(request))
-            if not isinstance(body, dict):
-                raise BadRequest("the body must be a JSON object")
+            body = parse_body(await read_body(request))
             model = body.get("model")
             if model is not None and not isinstance(model, str):
                 raise BadRequest("'model' must be a string")
             text, history = parse_messages(body)
             channel = request.headers.get("x-mibyan-channel") or body.get("user")
             if channel is not None:
-                check_channel(channel)
+                channel = check_channel(channel)
+            check_text(text, history, channel)
             message_key = request.headers.get("idempotency-key") or None
-            if message_key is not None and (len(message_key) > _CHANNEL_MAX or not message_key.isprintable()):
-                raise BadRequest(f"Idempotency-Key must be at most {_CHANNEL_MAX} printable characters")
+            check_message_key(message_key)
             instance = self.gateway.route(self.settings, model)
-        except (ValueError, BadRequest) as exc:
-            return error(
-                400, str(exc) or "the body is not valid JSON", "invalid_request_error", "bad_request"
-            )
+        except BadRequest as exc:
+            return error(400, str(exc), "invalid_request_error", "bad_request")
+        except HungUp:  # nobody to answer: a line in the log, no more
+            log.info("a client hung up before its request had arrived")
+            return Response(status_code=400)
         except UnknownAgent as exc:
             return error(404, str(exc), "invalid_request_error", "model_not_found")
         inbound = Inbound(

@@ -1,0 +1,121 @@
+"""What the `http` connector reads from a request: the body of a chat completion request, checked.
+
+Anything a client sends is checked here before it reaches the gateway: a body that is not a JSON
+object we can read, that nests too deeply, holds a lone surrogate (which cannot be stored) or has a
+`stream` that is not a boolean is a `BadRequest` (400); a client that hangs up before its body has
+arrived is `HungUp`.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from starlette.requests import ClientDisconnect, Request
+
+_ROLES = frozenset({"system", "user", "assistant", "tool"})
+_KEPT_KEYS = ("role", "content", "tool_calls", "tool_call_id", "name")
+_CHANNEL_MAX = 200
+_BODY_MAX = 8 * 1024 * 1024  # bytes of one request body: a conversation, not an upload
+
+
+class BadRequest(Exception):
+    """The request body is not a chat completion request we can serve."""
+
+
+class HungUp(Exception):
+    """The client went away before its request's body had arrived."""
+
+
+def _text_of(content: Any) -> str:
+    """A message's text: a string, or the text parts of a content list."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = [p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text"]
+        if all(isinstance(p, str) for p in parts) and parts:
+            return "".join(str(p) for p in parts)
+    raise BadRequest("message content must be a string or a list of text parts")
+
+
+def parse_messages(body: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
+    """The new user message and the messages before it, checked."""
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest("'messages' must be a non-empty list")
+    cleaned: list[dict[str, Any]] = []
+    for index, message in enumerate(messages):
+        if not isinstance(message, dict) or message.get("role") not in _ROLES:
+            raise BadRequest(f"messages[{index}]: needs a role of {', '.join(sorted(_ROLES))}")
+        kept = {k: message[k] for k in _KEPT_KEYS if k in message and message[k] is not None}
+        if "content" in kept and message["role"] != "assistant":
+            kept["content"] = _text_of(kept["content"])
+        kept.setdefault("content", None if message["role"] == "assistant" else "")
+        cleaned.append(kept)
+    last = cleaned[-1]
+    if last["role"] != "user":
+        raise BadRequest("the last message must be the user's (role 'user')")
+    return str(last["content"]), cleaned[:-1]
+
+
+async def read_body(request: Request) -> bytes:
+    """The request body, refused (BadRequest) past `_BODY_MAX` bytes however it is sent."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > _BODY_MAX:
+        raise BadRequest(f"the body is larger than {_BODY_MAX // (1024 * 1024)} MiB")
+    parts: list[bytes] = []
+    size = 0
+    try:
+        async for part in request.stream():
+            size += len(part)
+            if size > _BODY_MAX:
+                raise BadRequest(f"the body is larger than {_BODY_MAX // (1024 * 1024)} MiB")
+            parts.append(part)
+    except ClientDisconnect:
+        raise HungUp from None
+    return b"".join(parts)
+
+
+def parse_body(data: bytes) -> dict[str, Any]:
+    """The body as a JSON object (BadRequest when it is not one we can read)."""
+    try:
+        body = json.loads(data)
+    except RecursionError:
+        raise BadRequest("the body nests too deeply") from None
+    except ValueError:
+        raise BadRequest("the body is not valid JSON") from None
+    if not isinstance(body, dict):
+        raise BadRequest("the body must be a JSON object")
+    stream = body.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        raise BadRequest("'stream' must be a boolean")
+    return body
+
+
+def check_text(*values: object) -> None:
+    """What we keep must be text that can be stored: JSON may spell a lone surrogate (\\ud800), which
+    is not."""
+    try:
+        json.dumps(values, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise BadRequest("the body holds a lone surrogate (such as \\ud800), which is not text") from None
+
+
+def check_channel(channel: object) -> str:
+    """A channel id is a short printable string: it names a session and shows in `mibyan sessions`.
+
+    Returns:
+        The channel without blanks around it (` alice ` and `alice` are one channel).
+    """
+    if not isinstance(channel, str) or not channel.strip():
+        raise BadRequest("the channel ('user' or X-Mibyan-Channel) must be a non-empty string")
+    channel = channel.strip()
+    if len(channel) > _CHANNEL_MAX or not channel.isprintable():
+        raise BadRequest(f"the channel must be at most {_CHANNEL_MAX} printable characters")
+    return channel
+
+
+def check_message_key(message_key: str | None) -> None:
+    """An `Idempotency-Key` is a short printable string, like a channel's id."""
+    if message_key is not None and (len(message_key) > _CHANNEL_MAX or not message_key.isprintable()):
+        raise BadRequest(f"Idempotency-Key must be at most {_CHANNEL_MAX} printable characters")
