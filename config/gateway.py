@@ -47,6 +47,7 @@ class GatewayAgent(_Section):
     max_tool_failures: int = Field(default=3, gt=0)
     tools: AgentTools = AgentTools()
     isolation: Isolation = Isolation()
+    mcp_servers: list[str] = []  # names of `mcp_servers:` its runs may use (none by default)
 
 
 class Connector(_Section):

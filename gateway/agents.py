@@ -4,8 +4,9 @@ Nothing of the agent loop is re-implemented here: each run is the core `AIAgent`
 agent's entry (provider, model, iteration budget, tools) with its folder as the source of its
 persona, memory and skills, and its `workspace/` as the tools' working directory. The tools reach no
 other part of the home (another agent's folder, state.db, config.yaml): the file tools and the command
-judge refuse it, and the sandbox hides it from commands. An isolated agent's commands run in a fresh
-sandbox holding only its workspace. The session store stays the home's state.db, shared by every agent.
+judge refuse it, and the sandbox hides it from commands. It writes only in its workspace and its own
+`tmp/` (its commands' /tmp with bubblewrap). An isolated agent's commands run in a fresh sandbox holding
+only its workspace. The session store stays the home's state.db, shared by every agent.
 """
 
 from __future__ import annotations
@@ -39,10 +40,11 @@ def workspace_of(home: Path, agent_id: str) -> Path:
 
 
 def prepare_workspace(folder: Path) -> None:
-    """Create the agent's folder with skills/ and workspace/ (0700); the persona and memory files are the
-    user's to write."""
+    """Create the agent's folder with skills/, workspace/ and tmp/ (0700); the persona and memory files
+    are the user's to write."""
     private_dir(folder / "skills")
     private_dir(folder / "workspace")
+    private_dir(folder / "tmp")
 
 
 @dataclass(frozen=True)
@@ -76,8 +78,14 @@ class AgentInstance:
 
     @property
     def workdir(self) -> Path:
-        """The tools' working directory: the one place of the home they may write."""
+        """The tools' working directory: with `tmp`, the one place of the home they may write."""
         return self.workspace / "workspace"
+
+    @property
+    def tmp(self) -> Path:
+        """The agent's own temporary folder: its commands' TMPDIR and, with bubblewrap, their /tmp, so no
+        two agents share files through the machine's /tmp."""
+        return self.workspace / "tmp"
 
     def sandbox(self) -> Sandbox:
         """A sandbox for one run's commands, rooted at the workspace, the rest of the home hidden.
@@ -112,6 +120,7 @@ class AgentInstance:
             hidden=[home],
             visible=[self.workspace],
             backend=None if config.backend == "auto" else config.backend,
+            temp=self.tmp,
         )
 
     def check(self) -> None:
@@ -140,7 +149,23 @@ class AgentInstance:
             env=os.environ,
             home=self.home,
         )
+        self._check_mcp_servers()
         self._check_sandbox()
+
+    def _check_mcp_servers(self) -> None:
+        """The servers the entry names are configured, and an isolated agent names none."""
+        named = self.entry.mcp_servers
+        if named and self.entry.isolation.enabled:
+            raise ConfigError(
+                f"agents ({self.entry.id}): mcp_servers: an isolated agent cannot use MCP servers; "
+                "they run outside its sandbox"
+            )
+        unknown = [name for name in named if name not in self.settings.mcp_servers]
+        if unknown:
+            known = ", ".join(sorted(self.settings.mcp_servers)) or "none configured under mcp_servers:"
+            raise ConfigError(
+                f"agents ({self.entry.id}): mcp_servers: unknown server '{unknown[0]}' (known: {known})"
+            )
 
     def _check_sandbox(self) -> None:
         """An isolated agent needs a bubblewrap that runs here."""
@@ -160,18 +185,26 @@ class AgentInstance:
 
     def sandbox_warning(self) -> str | None:
         """What the agent's sandbox cannot do here (no backend, say), for the start lines."""
-        return self.sandbox().warning()
+        sandbox = self.sandbox()
+        warning = sandbox.warning()
+        if sandbox.temp is not None and not (sandbox.active and sandbox.backend == "bubblewrap"):
+            shared = (
+                "its commands share the machine's /tmp with other agents and programs "
+                "(with bubblewrap each agent has its own)"
+            )
+            warning = f"{warning}; {shared}" if warning else shared
+        return warning
 
-    def build(self, *, session_id: str | None, **callbacks: Any) -> AIAgent:
+    def build(self, *, session_id: str | None, unasked: str, **callbacks: Any) -> AIAgent:
         """An AIAgent for one run on one channel (`session_id` continues the channel's session).
 
         Dangerous commands are denied (no approval callback, no yolo) unless the caller passes an
-        `approval_callback`.
+        `approval_callback`; `unasked` says why in the refusal's result.
         """
         from run_agent import AIAgent
 
         tools = self.entry.tools
-        return AIAgent(
+        agent = AIAgent(
             model=self.entry.model,
             provider=self.entry.provider,
             max_iterations=self.entry.max_iterations,
@@ -192,19 +225,24 @@ class AgentInstance:
             mcp_connections=self.mcp_connections(),
             **callbacks,
         )
+        agent.tools.approvals.unasked = unasked
+        return agent
 
     def mcp_connections(self) -> McpConnections:
         """The MCP servers all of this agent's runs share: started once (with its first run, in the
         background), stopped by close(), rather than once per message.
 
-        An isolated agent gets none: a server runs outside the sandbox, so its tools would reach what the
-        agent's own commands cannot.
+        Only the servers its entry names (`mcp_servers: [files]`): a server's tools are not confined by
+        the judge or the sandbox, and whoever talks to the agent reaches them. An isolated agent gets
+        none (check() refuses one naming any): a server runs outside the sandbox.
         """
         from mibyan.tools.mcp_connections import McpConnections
 
         with self._mcp_lock:
             if not self._mcp:
-                servers = {} if self.entry.isolation.enabled else self.settings.mcp_servers
+                configured = self.settings.mcp_servers
+                named = () if self.entry.isolation.enabled else self.entry.mcp_servers
+                servers = {name: configured[name] for name in named if name in configured}
                 timeout = self.settings.mcp.start_timeout
                 connections = McpConnections(servers, home=self.home, start_timeout=timeout, cwd=self.workdir)
                 self._mcp.append(connections)
@@ -271,6 +309,8 @@ class AgentInstance:
             "  it is the one place you may write. Nothing of other agents or conversations is in reach.",
         ]
         isolation = self.entry.isolation
+        if not isolation.enabled:
+            lines.append(f"- Temporary files go in {self.tmp} (your commands' TMPDIR), not in /tmp.")
         if isolation.enabled:
             network = "on" if isolation.network else "off"
             lines.append(f"- Your commands see only this folder and an empty /tmp; the network is {network}.")

@@ -16,6 +16,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 ANSWERS = {"/approve": True, "/deny": False}
+#: Why a dangerous command was refused without asking: the gateway's policy, or no channel to ask in.
+DENIED_BY_POLICY = "this gateway does not run dangerous commands (gateway.approvals: deny)"
+NO_CHANNEL_TO_ASK = (
+    "this gateway asks before dangerous commands only in a channel, and this conversation has none "
+    "(send the X-Mibyan-Channel header or `user` to be asked)"
+)
 
 
 def question_text(command: str, reason: str) -> str:

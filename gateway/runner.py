@@ -24,7 +24,13 @@ from mibyan.agent.errors import MibyanError
 from mibyan.config.gateway import Connector
 from mibyan.config.loader import AgentSettings
 from mibyan.gateway.agents import AgentInstance, prepare_workspace
-from mibyan.gateway.approvals import ChannelApprovals, PendingApproval, answer_first_text
+from mibyan.gateway.approvals import (
+    DENIED_BY_POLICY,
+    NO_CHANNEL_TO_ASK,
+    ChannelApprovals,
+    PendingApproval,
+    answer_first_text,
+)
 from mibyan.gateway.ledger import InboxEntry, Ledger, Reply
 from mibyan.gateway.streaming import AnswerStream
 from mibyan.gateway.work import Delta, Inbound, Job, Outcome, ShuttingDown, UnknownAgent, channel_key
@@ -274,9 +280,11 @@ class Gateway:
         one_off = bool(job.request.get("one_off"))
         session_id = None if one_off else entry.session_id or self.ledger.channel_session(entry.channel)
         callbacks = stream.callbacks()
-        if self.approvals is not None:
+        # `ask` needs a channel to answer in: a one-off conversation can never send its /approve
+        if self.approvals is not None and not one_off:
             callbacks["approval_callback"] = self._approval_callback(job)
-        agent = instance.build(session_id=session_id, **callbacks)
+        unasked = NO_CHANNEL_TO_ASK if self.approvals is not None else DENIED_BY_POLICY
+        agent = instance.build(session_id=session_id, unasked=unasked, **callbacks)
         agent.compress_between_turns = False  # after delivery instead: see _compress_after_delivery
         agent.session_scope = entry.channel  # session_search: this channel's sessions and no other's
         self._running.add(agent)

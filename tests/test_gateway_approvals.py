@@ -115,6 +115,10 @@ def test_by_default_a_dangerous_command_is_refused_with_a_result_saying_so(
     assert build.exists()
     tool_result = server.requests[1].body["messages"][-1]
     assert tool_result["role"] == "tool" and "not run" in tool_result["content"]
+    assert "refused: this gateway does not run dangerous commands (gateway.approvals: deny)" in str(
+        tool_result["content"]
+    )
+    assert "--yolo" not in tool_result["content"]
 
 
 def test_repeating_the_asking_request_gets_the_question_again(
@@ -130,15 +134,15 @@ def test_repeating_the_asking_request_gets_the_question_again(
     assert text(ask(gateway, "/approve", channel="lee")) == "gone"
 
 
-def test_a_conversation_without_a_channel_cannot_answer_another_ones_question(
+def test_without_a_channel_nobody_is_asked_and_the_refusal_says_how_to_be(
     gateway: RunningGateway, server: ScriptedServer, build: Path
 ) -> None:
-    server.add(CLEAN)
-    server.default = lambda body: Reply(text="an answer of its own")
-    question = text(ask(gateway, "clean the build folder"))
-    assert "approval" in question
+    server.add(CLEAN, Reply(text="I could not clean it."))
 
-    other = text(ask(gateway, "/approve"))
+    answer = text(ask(gateway, "clean the build folder"))  # no channel could ever send its /approve
 
-    assert other == "an answer of its own"  # a conversation of its own, not the answer to alice's question
+    assert answer == "I could not clean it."
     assert build.exists()
+    refusal = server.requests[1].body["messages"][-1]["content"]
+    assert refusal.startswith("refused: this gateway asks") and "X-Mibyan-Channel" in refusal
+    assert "--yolo" not in refusal

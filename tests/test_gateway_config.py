@@ -51,12 +51,20 @@ def test_a_valid_configuration_checks_out(home: Path) -> None:
         ([{**MEEPA, "max_iterations": 0}], None, "agents.0.max_iterations"),
         ([{**MEEPA, "tools": {"deny": ["no_such_tool"]}}], None, "no_such_tool"),
         ([{**MEEPA, "isolation": {"enabled": True, "netwrok": True}}], None, "isolation.netwrok"),
+        ([{**MEEPA, "mcp_servers": ["nope"]}], None, "mcp_servers: unknown server 'nope' (known: files)"),
+        (
+            [{**MEEPA, "mcp_servers": ["files"], "isolation": {"enabled": True}}],
+            None,
+            "they run outside its sandbox",
+        ),
     ],
 )
 def test_a_broken_gateway_configuration_is_one_line_and_exit_2(
     home: Path, agents: list[dict[str, Any]], connectors: list[dict[str, Any]] | None, named: str
 ) -> None:
-    write_config(home, LOCAL, agents, connectors=connectors)
+    write_config(
+        home, LOCAL, agents, connectors=connectors, extra={"mcp_servers": {"files": {"command": "x"}}}
+    )
 
     done = check(home)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import socket
 import sys
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -93,13 +94,18 @@ def test_agents_work_in_their_own_workspaces_and_never_reach_each_others(
 
 
 @needs_bwrap
-def test_an_isolated_agents_commands_reach_only_its_workspace_and_no_network(
+def test_an_isolated_agents_commands_reach_only_its_workspace_and_no_network_and_no_agent_shares_tmp(
     server: ScriptedServer, home: Path, tmp_path: Path
 ) -> None:
     listener = socket.create_server(("127.0.0.1", 0))
     port = listener.getsockname()[1]
     (tmp_path / "outside.txt").write_text("the host's file")
-    agents = [MEEPA, {"id": "iso", "provider": "local", "isolation": {"enabled": True}}]
+    shared = Path("/tmp") / f"shared-{uuid.uuid4().hex}"
+    agents = [
+        {**MEEPA, "mcp_servers": ["py"]},
+        {"id": "iso", "provider": "local", "isolation": {"enabled": True}},
+        {"id": "bob", "provider": "local"},
+    ]
     mcp = {"py": {"command": sys.executable, "args": [str(SERVER_SCRIPT)], "approval": "allow"}}
     write_config(home, {"local": server.base_url}, agents, extra={"mcp_servers": mcp})
 
@@ -107,7 +113,8 @@ def test_an_isolated_agents_commands_reach_only_its_workspace_and_no_network(
         connect = f"import socket; socket.create_connection(('127.0.0.1', {port}), 5); print('connected')"
         return (
             f"echo inside > in.txt; echo out > {tmp_path}/escape-{name}.txt; cat {tmp_path}/outside.txt; "
-            f'echo "token=$MIBYAN_GATEWAY_TOKEN"; python3 -c "{connect}"'
+            f'echo "token=$MIBYAN_GATEWAY_TOKEN"; python3 -c "{connect}"; echo {name} > {shared}; '
+            'echo "tmpdir=$TMPDIR"'
         )
 
     for name in ("iso", "meepa"):
@@ -115,20 +122,34 @@ def test_an_isolated_agents_commands_reach_only_its_workspace_and_no_network(
             ("terminal", {"command": probe(name)}),
             ("read_file", {"path": str(tmp_path / "outside.txt")}),
             ("terminal", {"command": "echo escaped", "outside_sandbox": True}),
+            ("write_file", {"path": str(shared), "content": name}),
         ]
         server.add(Reply(tool_calls=calls), Reply(text="done"))
+    server.add(  # bob looks for what meepa left in /tmp
+        Reply(tool_calls=[("terminal", {"command": f"cat {shared}"}), ("read_file", {"path": str(shared)})]),
+        Reply(text="done"),
+    )
     with RunningGateway(home) as gateway, listener:
-        for name in ("iso", "meepa"):
+        for name in ("iso", "meepa", "bob"):
             gateway.client().chat.completions.create(model=name, messages=[{"role": "user", "content": "go"}])
 
-    (isolated, isolated_read, escape), (plain, _, _) = (tool_results(server.requests[i].body) for i in (1, 3))
-    offered = [{tool["function"]["name"] for tool in server.requests[i].body["tools"]} for i in (0, 2)]
+    (isolated, isolated_read, escape, _), (plain, plain_read, _, plain_write), (cat, read) = (
+        tool_results(server.requests[i].body) for i in (1, 3, 5)
+    )
+    offered = [{tool["function"]["name"] for tool in server.requests[i].body["tools"]} for i in (0, 2, 4)]
     assert "web_fetch" not in offered[0] and "web_fetch" in offered[1]  # no network from outside it either
-    assert "mcp__py__note" not in offered[0] and "mcp__py__note" in offered[1]  # MCP servers run outside
+    assert "mcp__py__note" in offered[1]  # the one agent that names the server
+    assert "mcp__py__note" not in offered[0] | offered[2]  # MCP servers run outside any sandbox
     assert (home / "agents" / "iso" / "workspace" / "in.txt").read_text() == "inside\n"
-    assert not (tmp_path / "escape-iso.txt").exists() and (tmp_path / "escape-meepa.txt").exists()
-    assert "the host's file" not in isolated and "the host's file" in plain
+    assert not any((tmp_path / f"escape-{name}.txt").exists() for name in ("iso", "meepa"))
+    assert "the host's file" not in isolated + plain and "the host's file" in plain_read
     assert "connected" not in isolated and "connected" in plain
     assert TOKEN not in isolated + plain and "token=\n" in isolated
     assert isolated_read.startswith("blocked") and "isolated" in isolated_read
     assert escape.startswith("blocked") and "escaped" not in escape
+    # meepa's /tmp is its own folder: nothing of it reaches the machine's /tmp, where bob would look
+    own_tmp = home / "agents" / "meepa" / "tmp"
+    assert (own_tmp / shared.name).read_text() == "meepa\n" and f"tmpdir={own_tmp}\n" in plain
+    assert own_tmp.stat().st_mode & 0o777 == 0o700
+    assert plain_write.startswith("blocked") and not shared.exists()
+    assert "No such file" in cat and "meepa" not in cat + read

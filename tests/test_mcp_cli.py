@@ -126,7 +126,7 @@ def test_a_gateway_agents_runs_share_one_server_stopped_with_the_gateway(
 ) -> None:
     tag = uuid.uuid4().hex
     mcp = {"py": {"command": sys.executable, "args": [str(SERVER_SCRIPT)], "env": {"MIBYAN_TEST_TAG": tag}}}
-    agent = {"id": "meepa", "default": True, "provider": "local"}
+    agent = {"id": "meepa", "default": True, "provider": "local", "mcp_servers": ["py"]}
     write_gateway_config(home, {"local": server.base_url}, [agent], extra={"mcp_servers": mcp})
     for _ in ("ann", "ben"):
         server.add(Reply(tool_calls=[("mcp__py__pid", {})]), Reply(text="done"))

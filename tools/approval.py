@@ -113,9 +113,13 @@ class ApprovalPolicy:
     """Decides whether a dangerous command may run: --yolo, earlier answers, or asking the user.
 
     "session" answers last for this agent; "always" answers are saved in the user's config.yaml under
-    `approvals.always`. Without a callback (and without --yolo) the answer is deny. A user who does not
-    answer within `timeout` seconds has denied.
+    `approvals.always`. Without a callback (and without --yolo) the answer is deny, and the result says
+    why nobody was asked: `unasked` (the gateway sets its own). A user who does not answer within
+    `timeout` seconds has denied.
     """
+
+    #: Why nobody could be asked, for the refusal's result (the gateway's differs from the terminal's).
+    unasked = "nobody could be asked to approve it (no terminal; use --yolo or run interactively)"
 
     def __init__(
         self,
@@ -147,10 +151,7 @@ class ApprovalPolicy:
             if covered(verdict.key, self._approved) and not verdict.ask_every_time:
                 return True, "approved earlier"
             if self._ask is None:
-                return False, (
-                    "refused: nobody could be asked to approve it (no terminal; use --yolo or run "
-                    f"interactively) — the command was not run ({verdict.reason})"
-                )
+                return False, f"refused: {self.unasked} — the command was not run ({verdict.reason})"
             answer = self._ask_user(command, verdict.reason)
             if verdict.ask_every_time and answer != "deny":
                 return True, "approved by user (this once)"

@@ -45,6 +45,7 @@ def _judge(path: str, access: Access) -> PathJudgement:
         protected=bound.protected,
         agent_folder=bound.agent_folder,
         isolated=bound.isolated,
+        temp=bound.sandbox.temp if bound.sandbox is not None else None,
     )
 
 

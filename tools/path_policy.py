@@ -14,8 +14,9 @@ the home folder frees nothing, since it would free the whole machine or every do
 
 A gateway agent (`agent_folder`) works in its workspace inside the home: that one folder of the home is
 free for it, and the rest of the home (other agents, state.db, config.yaml) is hardline even to read, as
-are the places of secrets (no one in a channel may approve reading the host's keys). An isolated
-agent's tools touch nothing outside its workspace at all.
+are the places of secrets (no one in a channel may approve reading the host's keys). It writes nowhere
+but its workspace and its own temp folder (`temp`): not the machine's /tmp, which other agents read.
+An isolated agent's tools touch nothing outside its workspace at all.
 """
 
 from __future__ import annotations
@@ -162,12 +163,14 @@ def _tilde(path: Path) -> str:
     return f"~/{path.relative_to(home)}" if _inside(path, home) and path != home else str(path)
 
 
-def _free_roots(cwd: Path) -> list[Path]:
+def _free_roots(cwd: Path, own_temp: Path | None) -> list[Path]:
     roots: list[Path] = []
     if cwd not in (Path("/"), Path.home(), Path(os.path.realpath(Path.home()))):
         roots.append(cwd)
     temp = os.environ.get("TMPDIR") or tempfile.gettempdir()
     roots.extend(_both_forms(Path(temp)))
+    if own_temp is not None:
+        roots.extend(_both_forms(own_temp))
     return roots
 
 
@@ -180,6 +183,7 @@ def judge_path(
     protected: Iterable[Path] = (),
     agent_folder: Path | None = None,
     isolated: bool = False,
+    temp: Path | None = None,
 ) -> PathJudgement:
     """Judge a file tool's access to `path`.
 
@@ -191,6 +195,7 @@ def judge_path(
         protected: more files no tool may write (the modules of the configured hooks).
         agent_folder: a gateway agent's own folder in the home (see the module's docstring).
         isolated: nothing outside `cwd` may be touched.
+        temp: a gateway agent's own temp folder: with `cwd`, all it may write.
     """
     where = Path(os.path.realpath(cwd if cwd is not None else Path.cwd()))
     expanded = Path(os.path.expanduser(path))
@@ -200,7 +205,8 @@ def judge_path(
     target = Path(os.path.realpath(where / expanded))
     shown = str(target) if target == plain else f"{path} → {target}"
     confined = _confined(target, plain, access, home, where, agent_folder, isolated)
-    verdict = confined or _verdict(target, plain, access, home, where, protected, path, agent_folder)
+    confined = confined or _gateway_write(target, plain, access, where, agent_folder, temp)
+    verdict = confined or _verdict(target, plain, access, home, where, protected, path, agent_folder, temp)
     if agent_folder is not None and verdict.key.startswith("secret_"):
         # whoever answers in a gateway's channel is not the person whose keys these are
         verdict = Verdict("hardline", verdict.reason, verdict.key)
@@ -230,6 +236,20 @@ def _confined(
     return None
 
 
+def _gateway_write(
+    target: Path, plain: Path, access: Access, cwd: Path, agent_folder: Path | None, temp: Path | None
+) -> Verdict | None:
+    """The refusal of a gateway agent's write outside its workspace and its own temp folder: whoever
+    answers in a channel may not let it write the machine's files, nor leave any where other agents look."""
+    if agent_folder is None or access != "write":
+        return None
+    roots = [cwd, *(_both_forms(temp) if temp is not None else ())]
+    if all(any(_inside(form, root) for root in roots) for form in (target, plain)):
+        return None
+    own = f" and its temp folder ({temp})" if temp is not None else ""
+    return Verdict("hardline", f"writes {target}, outside this agent's workspace ({cwd}){own}", "sealed_home")
+
+
 def _verdict(
     target: Path,
     plain: Path,
@@ -239,6 +259,7 @@ def _verdict(
     protected: Iterable[Path],
     given: str,
     agent_folder: Path | None,
+    temp: Path | None,
 ) -> Verdict:
     verb = "reads" if access == "read" else "writes"
     if access == "write" and home is not None:
@@ -272,7 +293,7 @@ def _verdict(
             f"writes {target}, inside a .git folder, whose hooks and config run commands when you use git",
             "write_git",
         )
-    if any(_inside(target, root) for root in _free_roots(cwd)):
+    if any(_inside(target, root) for root in _free_roots(cwd, temp)):
         return SAFE
     return Verdict(
         "dangerous", f"{verb} {target}, outside the working directory ({cwd})", f"{access}_outside"

@@ -132,6 +132,8 @@ class Sandbox:
         hidden: places commands cannot see (bubblewrap; Landlock cannot hide what it lets them read).
         visible: places inside the hidden ones they still see, read-only.
         isolated: a fresh filesystem and environment (see the module's docstring); needs bubblewrap.
+        temp: a temporary folder of the commands' own, written instead of the machine's: with
+            bubblewrap it is their /tmp (the machine's is out of sight), and their TMPDIR points at it.
 
     Raises:
         ConfigError: an unknown mode, or a backend this machine does not have.
@@ -150,6 +152,7 @@ class Sandbox:
         hidden: Iterable[str | Path] = (),
         visible: Iterable[str | Path] = (),
         isolated: bool = False,
+        temp: str | Path | None = None,
     ) -> None:
         if mode not in MODES:
             raise ConfigError(f"sandbox.mode: unknown mode '{mode}' (known: {', '.join(MODES)})")
@@ -163,6 +166,7 @@ class Sandbox:
         self.hidden = tuple(_resolved(p, self.workdir) for p in hidden)
         self.visible = tuple(_resolved(p, self.workdir) for p in visible)
         self.isolated = isolated
+        self.temp = _resolved(temp, self.workdir) if temp is not None and not isolated else None
         if isolated and (mode != "workspace-write" or self.backend != "bubblewrap" or not _bwrap()):
             raise ConfigError("needs bubblewrap (package bubblewrap) and the mode workspace-write")
         if mode != "off" and self.backend == "landlock" and _landlock().abi_version() <= 0:
@@ -203,8 +207,9 @@ class Sandbox:
             return []
         if self.isolated:
             return [self.workdir]  # and its own, empty /tmp
-        temp = {Path("/tmp"), Path(tempfile.gettempdir()).resolve()}
-        return list(dict.fromkeys([self.workdir, *sorted(temp), *self.writable, *self._linked_git_dirs()]))
+        machines = sorted({Path("/tmp"), Path(tempfile.gettempdir()).resolve()})
+        temp = [self.temp] if self.temp is not None else machines
+        return list(dict.fromkeys([self.workdir, *temp, *self.writable, *self._linked_git_dirs()]))
 
     def _linked_git_dirs(self) -> list[Path]:
         """With `writable_git`, a linked worktree's git folders, which live outside the working directory."""
@@ -288,6 +293,9 @@ class Sandbox:
         ]
         options += self._isolated_root() if self.isolated else ["--ro-bind", "/", "/"]
         options += ["--dev", "/dev", "--proc", "/proc"]
+        if self.temp is not None and self.temp.is_dir():
+            # first, so that the places below /tmp bound next (a home there, say) stay in sight
+            options += ["--bind", str(self.temp), "/tmp"]
         # the kernel's settings stay read-only: root could otherwise change them for the whole machine
         # (kernel.core_pattern, say, runs a program of its choosing outside any sandbox)
         options += ["--ro-bind", "/proc/sys", "/proc/sys"]

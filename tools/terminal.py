@@ -87,7 +87,10 @@ def _environment() -> dict[str, str] | None:
     current = context.current()
     if current is None or current.agent_folder is None:
         return None
-    return {name: value for name, value in os.environ.items() if not _SECRET_NAME.search(name)}
+    kept = {name: value for name, value in os.environ.items() if not _SECRET_NAME.search(name)}
+    if current.sandbox is not None and current.sandbox.temp is not None:
+        kept["TMPDIR"] = str(current.sandbox.temp)  # its own, not the machine's /tmp shared with others
+    return kept
 
 
 class _Output:
