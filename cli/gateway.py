@@ -66,10 +66,19 @@ def run_gateway(args: argparse.Namespace) -> int:
             _say(f"configuration is valid: {agents} agent(s), {connectors} connector(s)")
             return EXIT_OK
         setup_logging(home, file_name="gateway.log")
+        _log_server_to_file()
         return asyncio.run(_serve(settings, home))
     except ConfigError as exc:
         sys.stderr.write(f"mibyan: {exc}\n")
         return EXIT_USAGE
+
+
+def _log_server_to_file() -> None:
+    """What the HTTP server underneath says (a malformed request it refused, say) goes to gateway.log
+    with mibyan's own lines, not onto the terminal."""
+    server = logging.getLogger("uvicorn")
+    server.handlers = list(logging.getLogger("mibyan").handlers)
+    server.propagate = False
 
 
 async def _redeliver(gateway: Gateway, connectors: list[Connector]) -> None:

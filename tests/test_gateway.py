@@ -5,6 +5,7 @@ from __future__ import annotations
 import http.client
 import json
 import shutil
+import socket
 import threading
 import time
 import urllib.error
@@ -486,6 +487,9 @@ def test_malformed_requests_are_400_in_the_envelope_and_leave_no_traceback(
     hanging.putheader("Content-Length", "1000")
     hanging.endheaders(b'{"model": "meepa", "mess')
     hanging.close()  # the client hangs up halfway through its body
+    with socket.create_connection((address.hostname, address.port), timeout=30) as raw:
+        raw.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Mibyan-Channel: a\x01b\r\n\r\n")
+        refused_by_uvicorn = raw.recv(1000)  # not HTTP: uvicorn's own plain-text 400
     log = gateway.home / "logs" / "gateway.log"
     assert wait_until(lambda: "hung up" in log.read_text())
     server.add(Reply(text="one"), Reply(text="two"))
@@ -508,6 +512,7 @@ def test_malformed_requests_are_400_in_the_envelope_and_leave_no_traceback(
         "'stream' must be a boolean",
     ]
     assert user_texts(server.requests[1].body) == ["hi", "again"]  # the blanks around a channel do not count
+    assert refused_by_uvicorn.startswith(b"HTTP/1.1 400") and b"text/plain" in refused_by_uvicorn
     assert all(line.startswith("mibyan gateway: ") for line in gateway.lines), gateway.lines
     assert "Traceback" not in log.read_text() and log.read_text().count("hung up") == 1
 
