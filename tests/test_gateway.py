@@ -420,53 +420,49 @@ def _post(
         return exc.code, json.loads(exc.read())
 
 
-@pytest.mark.parametrize(
-    ("token", "body", "status", "code"),
-    [
-        (None, {"model": "meepa", "messages": [{"role": "user", "content": "hi"}]}, 401, "invalid_api_key"),
-        (
-            "wrong",
-            {"model": "meepa", "messages": [{"role": "user", "content": "hi"}]},
-            401,
-            "invalid_api_key",
-        ),
-        (TOKEN, {"model": "nobody", "messages": [{"role": "user", "content": "hi"}]}, 404, "model_not_found"),
-        (TOKEN, {"model": "meepa", "messages": []}, 400, "bad_request"),
-        (TOKEN, {"model": "meepa", "messages": [{"role": "assistant", "content": "x"}]}, 400, "bad_request"),
-        (
-            TOKEN,
-            {"model": "meepa", "user": "a\x1b[2J", "messages": [{"role": "user", "content": "x"}]},
-            400,
-            "bad_request",
-        ),
-    ],
-)
-def test_errors_come_in_openais_envelope(
-    gateway: RunningGateway, token: str | None, body: dict[str, Any], status: int, code: str
+_HI = [{"role": "user", "content": "hi"}]
+#: (token, body, status, code): refusals that never reach a model, all asked of one running gateway
+_REFUSED: list[tuple[str | None, dict[str, Any], int, str]] = [
+    (None, {"model": "meepa", "messages": _HI}, 401, "invalid_api_key"),
+    ("wrong", {"model": "meepa", "messages": _HI}, 401, "invalid_api_key"),
+    (TOKEN, {"model": "nobody", "messages": _HI}, 404, "model_not_found"),
+    (TOKEN, {"model": "meepa", "messages": []}, 400, "bad_request"),
+    (TOKEN, {"model": "meepa", "messages": [{"role": "assistant", "content": "x"}]}, 400, "bad_request"),
+    (
+        TOKEN,
+        {"model": "meepa", "user": "a\x1b[2J", "messages": [{"role": "user", "content": "x"}]},
+        400,
+        "bad_request",
+    ),
+]
+
+
+def test_errors_come_in_openais_envelope_health_is_open_and_models_need_the_token(
+    gateway: RunningGateway,
 ) -> None:
-    got, payload = _post(f"{gateway.url}/chat/completions", json.dumps(body).encode(), token)
+    chat = f"{gateway.url}/chat/completions"
+    for token, body, status, code in _REFUSED:
+        got, payload = _post(chat, json.dumps(body).encode(), token)
+        assert (got, payload["error"]["code"]) == (status, code), body
+        assert set(payload["error"]) == {"message", "type", "code"}
+    status, payload = _post(chat, b"{not json")
+    assert (status, payload["error"]["type"]) == (400, "invalid_request_error")
 
-    assert got == status
-    assert payload["error"]["code"] == code
-    assert set(payload["error"]) == {"message", "type", "code"}
-
-
-def test_a_body_too_large_is_refused_before_it_is_read(gateway: RunningGateway) -> None:
     address = urllib.parse.urlsplit(gateway.url)
     connection = http.client.HTTPConnection(address.hostname, address.port, timeout=30)
     connection.putrequest("POST", "/v1/chat/completions")
     connection.putheader("Authorization", f"Bearer {TOKEN}")
     connection.putheader("Content-Length", str(9 * 1024 * 1024))
-    connection.endheaders()  # and not a byte of the body
-
+    connection.endheaders()  # and not a byte of the body: too large is refused before it is read
     response = connection.getresponse()
-
     assert (response.status, json.loads(response.read())["error"]["code"]) == (400, "bad_request")
 
-
-def test_a_body_that_is_not_json_is_400(gateway: RunningGateway) -> None:
-    status, payload = _post(f"{gateway.url}/chat/completions", b"{not json")
-    assert (status, payload["error"]["type"]) == (400, "invalid_request_error")
+    root = gateway.url.removesuffix("/v1")
+    with urllib.request.urlopen(f"{root}/health", timeout=30) as health:
+        assert health.status == 200
+    assert [m.id for m in gateway.client().models.list()] == ["meepa"]
+    with pytest.raises(openai.AuthenticationError):
+        gateway.client(api_key="wrong").models.list()
 
 
 def test_malformed_requests_are_400_in_the_envelope_and_leave_no_traceback(
@@ -605,15 +601,6 @@ def test_the_log_masks_keys(gateway: RunningGateway, server: ScriptedServer) -> 
     text = log.read_text()
     assert "failed" in text and "sk-q7w…[masked]" in text
     assert "q7w8e9r0q7w8" not in text
-
-
-def test_health_is_open_and_models_need_the_token(gateway: RunningGateway) -> None:
-    root = gateway.url.removesuffix("/v1")
-    with urllib.request.urlopen(f"{root}/health", timeout=30) as response:
-        assert response.status == 200
-    assert [m.id for m in gateway.client().models.list()] == ["meepa"]
-    with pytest.raises(openai.AuthenticationError):
-        gateway.client(api_key="wrong").models.list()
 
 
 def test_a_host_other_machines_reach_needs_a_token(server: ScriptedServer, home: Path) -> None:
