@@ -348,6 +348,12 @@ def load_settings(
     merged = defaults
     settings = _validate(merged, str(DEFAULTS_PATH))
     for source, layer in layers:
+        if source == "arguments" and layer.get("mcp_servers"):
+            # a server given as an argument replaces one of the same name whole: merged key by key it
+            # would inherit the configured one's headers, env and approval
+            configured = merged.get("mcp_servers") or {}
+            kept = {name: entry for name, entry in configured.items() if name not in layer["mcp_servers"]}
+            merged = {**merged, "mcp_servers": kept}
         merged = deep_merge(merged, layer)
         settings = _validate(merged, source)
     if settings.model.provider not in settings.providers:

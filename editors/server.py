@@ -255,7 +255,7 @@ class MibyanEditorAgent:
         from mibyan.agent.session import new_session_id
         from mibyan.editors.servers import editor_servers
 
-        servers, left_out = editor_servers(mcp_servers)
+        _, left_out = editor_servers(mcp_servers)
         notice = _left_out_notice(left_out)
 
         acp_id = session_id or new_session_id()
@@ -275,7 +275,7 @@ class MibyanEditorAgent:
                 os.chdir(cwd)  # where load_settings finds the project's configuration
                 agent = await settle_in_thread(
                     lambda: self._build_agent(
-                        acp_id, bridge, cwd, files if files.reads or files.writes else None, servers
+                        acp_id, bridge, cwd, files if files.reads or files.writes else None, mcp_servers
                     ),
                     name="mibyan-acp-open",
                 )
@@ -295,11 +295,15 @@ class MibyanEditorAgent:
         bridge: TurnBridge,
         cwd: Path,
         files: EditorFiles | None,
-        servers: dict[str, dict[str, Any]],
+        editor_mcp: list[Any] | None,
     ) -> AIAgent:
+        from mibyan.config.loader import load_settings
+        from mibyan.editors.servers import editor_servers
         from run_agent import AIAgent
 
         options = self._options
+        configured = set(load_settings(home=options.home, cwd=cwd).mcp_servers) if editor_mcp else set()
+        servers, _ = editor_servers(editor_mcp, configured)
         return AIAgent(
             model=options.model,
             provider=options.provider,

@@ -29,8 +29,14 @@ def plain_name(name: str, taken: set[str]) -> str:
     return candidate
 
 
-def editor_servers(servers: list[Any] | None) -> tuple[dict[str, dict[str, Any]], list[str]]:
-    """(the servers as `mcp_servers:` entries by name, the names of those left out)."""
+def editor_servers(
+    servers: list[Any] | None, configured: set[str] | frozenset[str] = frozenset()
+) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    """(the servers as `mcp_servers:` entries by name, the names of those left out).
+
+    A server named like one in `configured` (mibyan's own) is renamed beside it (`files-2`): it never
+    takes over the configured one's settings (its headers, env or approval), nor hides it.
+    """
     entries: dict[str, dict[str, Any]] = {}
     left_out: list[str] = []
     for server in servers or []:
@@ -45,5 +51,5 @@ def editor_servers(servers: list[Any] | None) -> tuple[dict[str, dict[str, Any]]
         else:
             left_out.append(str(getattr(server, "name", "?")))
             continue
-        entries[plain_name(server.name, set(entries))] = entry
+        entries[plain_name(server.name, set(entries) | set(configured))] = entry
     return entries, left_out

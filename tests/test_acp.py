@@ -265,21 +265,32 @@ def test_load_replays_an_editor_session_and_continues_it_but_refuses_other_sessi
     assert editor.editor.of(chat_id) == []
 
 
-def test_the_editors_mcp_servers_join_the_session(
-    editor: EditorProcess, loopback: ScriptedServer, project: Path
+def test_the_editors_mcp_servers_join_the_session_beside_the_users_own(
+    editor: EditorProcess, loopback: ScriptedServer, project: Path, acp_home: Path
 ) -> None:
     from acp.schema import McpServerStdio, SseMcpServer
 
-    server = McpServerStdio(
-        name="py tools", command=sys.executable, args=[str(ROOT / "tests" / "mcp_test_server.py")], env=[]
-    )
+    script = str(ROOT / "tests" / "mcp_test_server.py")
+    server = McpServerStdio(name="py tools", command=sys.executable, args=[script], env=[])
     streamed = SseMcpServer(type="sse", name="old-style", url="http://127.0.0.1:9/sse", headers=[])
     loopback.add(
-        Reply(tool_calls=[("mcp__py-tools__echo", {"text": "said by the editor's server"})]),
+        Reply(tool_calls=[("mcp__py-tools-2__echo", {"text": "said by the editor's server"})]),
         Reply(text="Echoed."),
     )
-    session = editor.new_session(project, mcp_servers=[server, streamed])
+    config = acp_home / "config.yaml"
+    before = config.read_text()
+    # the user's own server of the same name, trusted with `allow` and a secret: the editor's must not
+    # take it over (it would run under that approval, with that env)
+    own = {"command": sys.executable, "args": [script], "approval": "allow", "env": {"MIBYAN_SECRET": "x"}}
+    config.write_text(yaml.safe_dump({**yaml.safe_load(before), "mcp_servers": {"py-tools": own}}))
+    try:
+        session = editor.new_session(project, mcp_servers=[server, streamed])
+    finally:
+        config.write_text(before)
     assert editor.prompt(session, "echo it") == "end_turn"
+
+    offered = {tool["function"]["name"] for tool in loopback.requests[-2].body["tools"]}
+    assert {"mcp__py-tools__echo", "mcp__py-tools-2__echo"} <= offered
 
     updates = editor.editor.of(session)
     (call,) = _tool_calls(updates).values()

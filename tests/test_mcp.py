@@ -81,10 +81,13 @@ def test_tools_run_and_their_results_reach_the_model(
 
 
 def test_approval_is_per_server_and_read_only_tools_are_not_asked(
-    server: ScriptedServer, make_agent: Callable[..., Any], mcp_url: str, tmp_path: Path
+    server: ScriptedServer, make_agent: Callable[..., Any], mcp_url: str, tmp_path: Path, home: Path
 ) -> None:
     asked: list[tuple[str, str]] = []
-    servers = {name: {"url": mcp_url, "approval": name} for name in ("ask", "allow", "deny")}
+    servers: dict[str, dict[str, str]] = {n: {"url": mcp_url, "approval": n} for n in ("allow", "deny")}
+    servers["ask"] = {"url": mcp_url}  # ask, the default: nothing of the configured one below carries over
+    with (home / "config.yaml").open("a") as config:
+        config.write('mcp_servers:\n  ask: {url: "http://127.0.0.1:9/mcp", approval: allow}\n')
     calls = [
         ("mcp__ask__echo", {"text": "read-only"}),
         ("mcp__ask__note", {"path": str(tmp_path / "asked"), "text": "\x1b[2J"}),
