@@ -122,7 +122,9 @@ def init_agent(
         mcp_servers=mcp_servers,
     )
     home_path = Path(home) if home is not None else mibyan_home()
-    settings = load_settings(home=home_path, overrides=overrides)
+    # the project whose `.mibyan/config.yaml` applies is the one the agent works in
+    project = Path(workdir).resolve() if workdir is not None else None
+    settings = load_settings(home=home_path, cwd=project, overrides=overrides)
     agent.settings = settings
     agent.home = home_path
     agent.workspace = Path(workspace) if workspace is not None else None

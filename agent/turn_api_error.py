@@ -207,7 +207,7 @@ class ApiErrorMixin(AgentBase):
     def _refresh_credentials(self) -> bool:
         """Re-read the key (command, variable, config file); True when a different key was found."""
         try:
-            settings = load_settings(home=self.home)
+            settings = load_settings(home=self.home, cwd=self.workdir)
             config = settings.providers.get(self.provider.runtime.provider)
             key = read_api_key(config, os.environ) if config is not None else None
         except MibyanError as exc:

@@ -6,9 +6,8 @@ agent is synchronous: each prompt runs `run_conversation` on a thread of its own
 stays on the asyncio loop; `session/cancel` interrupts it and the prompt answers `cancelled`.
 
 Each session's agent works in the folder the editor gave it (its `workdir`: relative paths, commands and
-the sandbox's root), so sessions of several projects run side by side. The process's own working
-directory changes only while an agent is built, one at a time, so that the agent reads that project's
-`.mibyan/config.yaml`.
+the sandbox's root, and where its project's `.mibyan/config.yaml` is read), so sessions of several
+projects run side by side; the process's own working directory never changes.
 """
 
 from __future__ import annotations
@@ -272,7 +271,6 @@ class MibyanEditorAgent:
         )
         try:
             async with self._building:
-                os.chdir(cwd)  # where load_settings finds the project's configuration
                 agent = await settle_in_thread(
                     lambda: self._build_agent(
                         acp_id, bridge, cwd, files if files.reads or files.writes else None, mcp_servers

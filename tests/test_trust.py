@@ -8,6 +8,7 @@ import sys
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import run_cli
@@ -240,3 +241,17 @@ def test_the_model_cannot_trust_a_project_through_the_terminal_even_with_yolo(
     tool_result = next(m for m in result["messages"] if m["role"] == "tool")["content"]
     assert "blocked" in tool_result and "trusts" in tool_result
     assert not (home / "trusted.json").exists()
+
+
+def test_an_agent_reads_the_project_config_of_the_folder_it_works_in_not_the_processs(
+    make_agent: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    project, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
+    for folder, turns in ((project, 7), (elsewhere, 9)):
+        (folder / ".mibyan").mkdir(parents=True)
+        (folder / ".mibyan" / "config.yaml").write_text(f"agent:\n  max_turns: {turns}\n")
+    monkeypatch.chdir(elsewhere)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UntrustedConfigWarning)
+        with make_agent(workdir=project) as agent:
+            assert agent.settings.agent.max_turns == 7  # an editor's session, a library user's workdir
