@@ -225,9 +225,10 @@ class TurnBridge:
             )
         )
         with self._lock:
-            if not self._active:
-                question.cancel()
             self._questions.add(question)
+            # a cancel that came since the check above withdrew the questions it saw, not this one
+            if not self._active or context.stop_requested():
+                question.cancel()
         try:
             answer = question.result(timeout=self.question_timeout)
         except (CancelledError, Exception):  # withdrawn, unanswered in time, or failed: not approved
