@@ -40,6 +40,7 @@ class McpServerSettings(_Section):
     timeout: float | None = Field(default=None, gt=0)
     tools: McpToolFilter = McpToolFilter()
     approval: Literal["allow", "ask", "deny"] = "ask"
+    literal: bool = False  # no `${NAME}` from mibyan's environment (an editor's servers: see mibyan acp)
 
     @field_validator("url")
     @classmethod

@@ -45,9 +45,11 @@ def editor_servers(
                 "command": server.command,
                 "args": list(server.args),
                 "env": {variable.name: variable.value for variable in server.env or []},
+                "literal": True,  # the editor's values, not mibyan's environment's `${NAME}`s
             }
         elif isinstance(server, HttpMcpServer):
-            entry = {"url": server.url, "headers": {h.name: h.value for h in server.headers or []}}
+            headers = {h.name: h.value for h in server.headers or []}
+            entry = {"url": server.url, "headers": headers, "literal": True}
         else:
             left_out.append(str(getattr(server, "name", "?")))
             continue

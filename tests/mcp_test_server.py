@@ -83,6 +83,11 @@ def build_server(record: Record | None = None) -> MCPServer:
         return str(os.getpid())
 
     @server.tool(annotations=read_only)
+    def variable(name: str) -> str:
+        """The value of one of the server's environment variables."""
+        return os.environ.get(name, "(not set)")
+
+    @server.tool(annotations=read_only)
     def quit() -> str:
         """End the server's process at once (as a crash would)."""
         os._exit(3)

@@ -268,13 +268,19 @@ def test_load_replays_an_editor_session_and_continues_it_but_refuses_other_sessi
 def test_the_editors_mcp_servers_join_the_session_beside_the_users_own(
     editor: EditorProcess, loopback: ScriptedServer, project: Path, acp_home: Path
 ) -> None:
-    from acp.schema import McpServerStdio, SseMcpServer
+    from acp.schema import EnvVariable, McpServerStdio, SseMcpServer
 
     script = str(ROOT / "tests" / "mcp_test_server.py")
-    server = McpServerStdio(name="py tools", command=sys.executable, args=[script], env=[])
+    literal = [EnvVariable(name="MIBYAN_SEEN", value="${HOME}")]  # the editor's words, not mibyan's $HOME
+    server = McpServerStdio(name="py tools", command=sys.executable, args=[script], env=literal)
     streamed = SseMcpServer(type="sse", name="old-style", url="http://127.0.0.1:9/sse", headers=[])
     loopback.add(
-        Reply(tool_calls=[("mcp__py-tools-2__echo", {"text": "said by the editor's server"})]),
+        Reply(
+            tool_calls=[
+                ("mcp__py-tools-2__echo", {"text": "said by the editor's server"}),
+                ("mcp__py-tools-2__variable", {"name": "MIBYAN_SEEN"}),
+            ]
+        ),
         Reply(text="Echoed."),
     )
     config = acp_home / "config.yaml"
@@ -293,9 +299,11 @@ def test_the_editors_mcp_servers_join_the_session_beside_the_users_own(
     assert {"mcp__py-tools__echo", "mcp__py-tools-2__echo"} <= offered
 
     updates = editor.editor.of(session)
-    (call,) = _tool_calls(updates).values()
+    call, _ = _tool_calls(updates).values()
     assert kinds(call)[-1] == "tool_call_update:completed"
     assert "said by the editor's server" in call[-1].content[0].content.text
+    results = [m["content"] for m in loopback.requests[-1].body["messages"] if m["role"] == "tool"]
+    assert results[1] == "${HOME}"
     notices = [u.content.text for u in updates if u.session_update == "agent_thought_chunk"]
     assert any("old-style" in notice and "SSE" in notice for notice in notices)
 

@@ -244,7 +244,10 @@ class McpConnections:
         settings = state.settings
         where = f"mcp_servers.{state.name}"
         if settings.url is not None:
-            headers = {k: expand(v, self._env, f"{where}.headers.{k}") for k, v in settings.headers.items()}
+            headers = {
+                key: self._expand(settings, value, f"{where}.headers.{key}")
+                for key, value in settings.headers.items()
+            }
             transport = http_transport(settings.url, headers)
         else:
             transport = stdio_transport(
@@ -263,6 +266,11 @@ class McpConnections:
         if not self._stop.is_set() and state.status == "ready":
             self._settle(state, "failed", "the server exited")
 
+    def _expand(self, settings: McpServerSettings, text: str, where: str) -> str:
+        """`${NAME}`s from the environment, in the user's own servers only: an editor's are literal, or a
+        repository's editor settings could send `${OPENAI_API_KEY}` to a URL of its choosing."""
+        return text if settings.literal else expand(text, self._env, where)
+
     def _stdio_command(self, state: ServerState) -> Any:
         from mibyan.tools.mcp_transport import INHERITED, StdioCommand
 
@@ -270,10 +278,10 @@ class McpConnections:
         assert settings.command is not None
         where = f"mcp_servers.{state.name}"
         env = {k: self._env[k] for k in INHERITED if k in self._env}
-        env.update({k: expand(v, self._env, f"{where}.env.{k}") for k, v in settings.env.items()})
+        env.update({k: self._expand(settings, v, f"{where}.env.{k}") for k, v in settings.env.items()})
         return StdioCommand(
             command=os.path.expanduser(settings.command),
-            args=tuple(expand(a, self._env, f"{where}.args") for a in settings.args),
+            args=tuple(self._expand(settings, a, f"{where}.args") for a in settings.args),
             env=env,
             cwd=str(Path(self._cwd or Path.cwd()) / os.path.expanduser(settings.cwd or ".")),
         )
