@@ -1,0 +1,184 @@
+"""Scripts on disk that a command runs: read when the command is judged, and judged by what they hold.
+
+`bash build.sh`, `source env.sh`, `./run`, `python3 tool.py`, `perl x.pl`: what runs is the file's text,
+so the judge reads it (from the directory the command will run in) and judges it as the command would
+run it: a shell script with the same judge, code of another language with the inline-code patterns
+(tools/command_code.py), a `#!` line by the interpreter it names. A program file that is a binary is
+judged by its name, as any program is. A script that cannot be read (missing, not a regular file, too
+large, not text, a binary handed to an interpreter) asks, and so does one that sits somewhere secret.
+
+What is judged is the file as it is at that moment: a command that rewrites the file in a way the judge
+does not follow, or a change made between the question and the run, is not seen (the sandbox still
+confines what runs).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from mibyan.tools.approval import SAFE, Verdict
+from mibyan.tools.command_words import Judge, Word, combine
+
+MAX_BYTES = 256 * 1024  # one script; a larger one is not read, and asks
+TOTAL_BYTES = 2 * MAX_BYTES  # all the scripts one command runs
+
+#: Judges a script's text: its verdict, and the line (from 1) that carries it when that is known.
+Reader = Callable[[str], tuple[Verdict, "int | None"]]
+
+
+@dataclass(frozen=True)
+class Contents:
+    """A file as the judge read it: its text, or that it is a binary, or why it could not be read."""
+
+    text: str | None = None
+    binary: bool = False
+    problem: str = ""
+
+
+def read_file(path: Path, room: int = MAX_BYTES) -> Contents:
+    """Read a script without ever blocking: only a regular file is opened, and only its first bytes."""
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return Contents(problem="it is not a regular file")
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+    except FileNotFoundError:
+        return Contents(problem="there is no such file")
+    except OSError as error:
+        return Contents(problem=f"it cannot be opened ({error.strerror or 'error'})")
+    except ValueError:  # a NUL byte in the name
+        return Contents(problem="its name cannot be a file's")
+    try:
+        info = os.fstat(fd)  # the same file that was opened, whatever the name points to now
+        if not stat.S_ISREG(info.st_mode):
+            return Contents(problem="it is not a regular file")
+        limit = min(MAX_BYTES, room)
+        data = b""
+        while len(data) <= limit:
+            chunk = os.read(fd, limit + 1 - len(data))
+            if not chunk:
+                break
+            data += chunk
+    except OSError as error:
+        return Contents(problem=f"it cannot be read ({error.strerror or 'error'})")
+    finally:
+        os.close(fd)
+    if len(data) > limit:
+        return Contents(problem=f"it is larger than mibyan reads ({limit // 1024} KiB)")
+    if data.startswith(b"\x7fELF") or b"\0" in data:
+        return Contents(binary=True, problem="it is a binary, not a script")
+    try:
+        return Contents(text=data.decode("utf-8"))
+    except UnicodeDecodeError:
+        return Contents(problem="it is not UTF-8 text")
+
+
+def _shown(text: str) -> str:
+    return text if len(text) <= 60 else text[:60] + "…"
+
+
+def _unreadable(what: str, problem: str) -> Verdict:
+    return Verdict("dangerous", f"runs {what}, which mibyan cannot read: {problem}", "unreadable_script")
+
+
+def _candidates(j: Judge, word: Word, *, search: str) -> list[Path]:
+    """The files `word` may name. `search`: "" (relative to the working directory), "after" (bash
+    FILE: then the PATH), "first" (source FILE: the PATH first)."""
+    local = j.resolve(word.text)
+    if search == "" or "/" in word.text:
+        return local
+    found = [p for p in local if p.exists()]
+    on_path = [Path(d) / word.text for d in os.environ.get("PATH", "").split(os.pathsep) if d]
+    on_path = [p for p in on_path if p.is_file()][:1]
+    if search == "first":
+        return on_path or local
+    return found or on_path or local
+
+
+def judge_script_file(
+    j: Judge, word: Word, reader: Reader, *, what: str, search: str = "", again: Verdict | None = None
+) -> Verdict:
+    """Judge a script file an interpreter runs (`bash FILE`, `python3 FILE`) by its text.
+
+    `again`: the verdict when the file is already being judged (by default, it runs itself: ask).
+    """
+    if j.cwd_unknown and not os.path.isabs(word.text):
+        return _unreadable(what, "it is in a folder only known when it runs")
+    paths = _candidates(j, word, search=search)
+    existing = [p for p in paths if os.path.lexists(p)]
+    if not existing:
+        return _unreadable(what, "there is no such file")
+    return combine(_judge_one(j, path, reader, what, again) for path in existing)
+
+
+def _judge_one(j: Judge, path: Path, reader: Reader, what: str, again: Verdict | None) -> Verdict:
+    refused = combine(j.secrets([Word(str(path))]))  # a link to a key is the key: never read it out
+    if refused.tier != "safe":
+        return refused
+    contents = j.read_script(path)
+    if contents.text is None:
+        return _unreadable(what, contents.problem)
+    key = ("text", Path(os.path.realpath(path)))
+    if not j.enter_script(key):
+        return again or Verdict("dangerous", f"runs {what}, which runs itself again", "unreadable_script")
+    try:
+        verdict, line = reader(contents.text)
+    finally:
+        j.leave_script(key)
+    if verdict.tier == "safe":
+        return SAFE
+    lines = contents.text.splitlines()
+    if line is not None and 0 < line <= len(lines):
+        reason = f"runs {what}, whose line {line} ({_shown(lines[line - 1].strip())}) {verdict.reason}"
+    else:
+        reason = f"runs {what}, which {verdict.reason}"
+    return Verdict(verdict.tier, reason, verdict.key, ask_every_time=verdict.ask_every_time)
+
+
+def judge_program_file(j: Judge, words: Sequence[Word], as_shell: Reader) -> Verdict:
+    """`./run ARGS`, `/opt/x/bin/tool`: a binary is judged by its name (elsewhere); a script by its `#!`
+    line's interpreter, or as a shell script when it has none (bash runs it so)."""
+    word = words[0]
+    what = f"the program {_shown(word.text)}"
+    if j.cwd_unknown and not os.path.isabs(word.text):
+        return _unreadable(what, "it is in a folder only known when it runs")
+    existing = [p for p in j.resolve(word.text) if os.path.lexists(p)]
+    if not existing:
+        return _unreadable(what, "there is no such file")
+    findings: list[Verdict] = []
+    for path in existing:
+        refused = combine(j.secrets([Word(str(path))]))
+        if refused.tier != "safe":
+            findings.append(refused)
+            continue
+        contents = j.read_script(path)
+        if contents.binary:
+            continue  # judged by its name, as every program is
+        if contents.text is None:
+            findings.append(_unreadable(what, contents.problem))
+        elif contents.text.startswith("#!"):
+            findings.append(_interpreted(j, path, contents.text, words))
+        else:
+            findings.append(judge_script_file(j, Word(str(path)), as_shell, what=f"the script {word.text}"))
+    return combine(findings)
+
+
+def _interpreted(j: Judge, path: Path, text: str, words: Sequence[Word]) -> Verdict:
+    """A script with a `#!` line: the kernel runs `INTERPRETER [ARG] FILE ARGS...`."""
+    first = text[2:].partition("\n")[0].strip()
+    interpreter, _, argument = first.partition(" ")
+    if not interpreter:
+        return _unreadable(f"the script {_shown(words[0].text)}", "its #! line names no interpreter")
+    key = ("program", Path(os.path.realpath(path)))
+    if not j.enter_script(key):
+        return Verdict(
+            "dangerous", f"runs the script {words[0].text}, which runs itself", "unreadable_script"
+        )
+    try:
+        line = [Word(interpreter), *([Word(argument.strip())] if argument.strip() else [])]
+        return j.run([*line, words[0], *words[1:]])
+    finally:
+        j.leave_script(key)
