@@ -463,10 +463,16 @@ def test_a_script_on_disk_is_judged_by_what_it_holds(
 
 
 def test_a_harmless_script_runs_without_a_question_until_a_dangerous_line_is_added(
-    project: Path, tmp_path: Path
+    project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     safe = ["bash build.sh", "sh -e ./build.sh", "./configure && make", "./tool --version", "/bin/ls"]
     assert [classify_command(c, cwd=project).tier for c in safe] == ["safe"] * len(safe)
+    # a command found by name in a folder of the PATH inside the project is that folder's file
+    (project / "bin").mkdir(exist_ok=True)
+    (project / "bin" / "deploy").write_text("#!/bin/sh\nrm -rf keep\n")
+    monkeypatch.setenv("PATH", f"{project / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    assert classify_command("deploy --now", cwd=project).key == "rm_recursive"
+    assert classify_command("git status && ls", cwd=project).tier == "safe"
     (tmp_path / "build.sh").write_text("echo building\n")
     assert classify_command("bash build.sh", cwd=tmp_path).tier == "safe"
     with (tmp_path / "build.sh").open("a") as script:

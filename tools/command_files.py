@@ -14,8 +14,10 @@ confines what runs).
 
 from __future__ import annotations
 
+import functools
 import os
 import stat
+import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,8 +58,10 @@ def read_file(path: Path, room: int = MAX_BYTES) -> Contents:
         if not stat.S_ISREG(info.st_mode):
             return Contents(problem="it is not a regular file")
         limit = min(MAX_BYTES, room)
-        data = b""
-        while len(data) <= limit:
+        data = os.read(fd, 4096)  # a binary is known by its first bytes: no need to read on
+        if data.startswith(b"\x7fELF") or b"\0" in data:
+            return Contents(binary=True, problem="it is a binary, not a script")
+        while data and len(data) <= limit:
             chunk = os.read(fd, limit + 1 - len(data))
             if not chunk:
                 break
@@ -68,7 +72,7 @@ def read_file(path: Path, room: int = MAX_BYTES) -> Contents:
         os.close(fd)
     if len(data) > limit:
         return Contents(problem=f"it is larger than mibyan reads ({limit // 1024} KiB)")
-    if data.startswith(b"\x7fELF") or b"\0" in data:
+    if b"\0" in data:
         return Contents(binary=True, problem="it is a binary, not a script")
     try:
         return Contents(text=data.decode("utf-8"))
@@ -182,3 +186,29 @@ def _interpreted(j: Judge, path: Path, text: str, words: Sequence[Word]) -> Verd
         return j.run([*line, words[0], *words[1:]])
     finally:
         j.leave_script(key)
+
+
+def found_on_path(j: Judge, name: str) -> Path | None:
+    """The file a command name runs when bash finds it first in a folder of the PATH that the model's
+    commands may write (inside the working directory or the temporary directory: `.venv/bin`, `.`);
+    None for the programs installed elsewhere, which are judged by their names."""
+    entries = os.environ.get("PATH", "")
+    for index, folder in _writable_path(entries, j.cwd):
+        candidate = folder / name
+        if os.path.isfile(candidate):
+            earlier = (Path(e) / name for e in entries.split(os.pathsep)[:index] if os.path.isabs(e))
+            return None if any(os.path.isfile(p) for p in earlier) else candidate
+    return None
+
+
+@functools.lru_cache(maxsize=16)
+def _writable_path(entries: str, where: Path) -> tuple[tuple[int, Path], ...]:
+    """The PATH entries (with their places in it) that lie where the model's commands may write."""
+    cwd = str(where)
+    free = [cwd, str(Path(tempfile.gettempdir()).resolve()), "/tmp"]
+    folders: list[tuple[int, Path]] = []
+    for index, entry in enumerate(entries.split(os.pathsep)):
+        folder = os.path.normpath(os.path.join(cwd, entry)) if entry else cwd  # "" and "." are the cwd
+        if any(folder == f or folder.startswith(f.rstrip("/") + "/") for f in free):
+            folders.append((index, Path(folder)))
+    return tuple(folders)

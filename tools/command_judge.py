@@ -104,6 +104,7 @@ class CommandJudge:
         # (where they run) all of it they may write
         self._agent_folder = bound.agent_folder if bound is not None else None
         self._writable = bound.workdir if self._agent_folder is not None and bound is not None else None
+        self.cwd = cwd
         self.cwds: list[Path] = [cwd]
         self.cwd_unknown = False
         self.depth = 0

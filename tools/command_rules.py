@@ -21,7 +21,7 @@ from mibyan.tools.command_code import (
     judge_shell,
     script_file,
 )
-from mibyan.tools.command_files import judge_program_file
+from mibyan.tools.command_files import found_on_path, judge_program_file
 from mibyan.tools.command_mibyan import judge_mibyan
 from mibyan.tools.command_paths import broad_target
 from mibyan.tools.command_system import SYSTEM_RULES, judge_disk
@@ -328,4 +328,8 @@ def judge_invocation(j: Judge, words: Sequence[Word], feed: Feed) -> Verdict:
             verdict = combine([verdict, script_file(j, name, words[0], j.script_at)])
         else:
             verdict = combine([verdict, judge_program_file(j, words, j.script_at)])
+    elif not words[0].dynamic:
+        found = found_on_path(j, words[0].text)
+        if found is not None:  # `.venv/bin/x`, found by name: what runs is that file
+            verdict = combine([verdict, judge_program_file(j, [Word(str(found)), *words[1:]], j.script_at)])
     return verdict

@@ -57,6 +57,7 @@ class Judge(Protocol):
 
     home: Path
     user_home: Path
+    cwd: Path  # where the command starts
     cwd_unknown: bool  # the command cd's into a folder only known when it runs
 
     def script(self, text: str, feed: Feed = None) -> Verdict:
