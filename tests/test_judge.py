@@ -394,9 +394,12 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "task.R": "unlink('out', recursive = TRUE)\n",
         "main.py": "import sys, helper\n\nhelper.run(sys.argv)\n",
         "helper.py": "import os\n\ndef run(argv):\n    os.remove(argv[1])\n",
+        "app.js": "const clean = require('./lib/clean');\n",
+        "lib/clean.js": "require('fs').rmSync('keep', {recursive: true});\n",
         "blob.py": "x = 1\0\n",
         "big.sh": "echo x\n" * 40_000,
     }
+    (root / "lib").mkdir()
     for name, text in scripts.items():
         (root / name).write_text(text)
     (root / "latin.sh").write_bytes("echo caf\xe9\n".encode("latin-1"))
@@ -407,6 +410,7 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (root / "folder").mkdir()
     os.mkfifo(root / "pipe")  # would block a reader that opened it
     (root / "key.sh").symlink_to(Path.home() / ".ssh" / "id_rsa")
+    (root / "fd.sh").symlink_to("/proc/self/fd/0")  # the judge's own stdin, not the command's
     return root
 
 
@@ -441,6 +445,11 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
             "line 1 (import sys, helper) runs the script helper.py, whose line 4",
         ),
         ("Rscript task.R", "dangerous", "deletes a folder"),
+        (
+            "node app.js",
+            "dangerous",
+            "line 1 (const clean = require('./lib/clean');) runs the script ./lib/clean.js",
+        ),
         ("bash self.sh", "dangerous", "runs itself"),
         ("bash missing.sh", "dangerous", "missing.sh, which mibyan cannot read: there is no such file"),
         ("./missing", "dangerous", "no such file"),
@@ -451,6 +460,7 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
         ("python3 blob.py", "dangerous", "a binary"),
         ("bash tool", "dangerous", "a binary"),
         ("bash key.sh", "dangerous", "reads or changes ~/.ssh"),
+        ("bash fd.sh", "dangerous", "a process's open file"),
         ('cd "$d" && bash build.sh', "dangerous", "folder only known when it runs"),
     ],
 )

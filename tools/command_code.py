@@ -309,7 +309,7 @@ def _deletes_broadly(j: Judge, code: str) -> bool:
 
 def _inline_code(j: Judge, language: str, code: str) -> Verdict:
     """`python3 -c CODE`: the code, and the project's own modules it imports."""
-    imported = _imports(j, code) if language == "python" else []
+    imported = _imports(j, language, code)
     return combine([judge_code(j, language, code), *(verdict for _, verdict in imported)])
 
 
@@ -320,7 +320,7 @@ def code_at(j: Judge, language: str, code: str) -> tuple[Verdict, int | None]:
     directory) are judged with it: they run as soon as it starts.
     """
     verdict = judge_code(j, language, code, whole_file=True)
-    imported = _imports(j, code) if language == "python" else []
+    imported = _imports(j, language, code)
     worst = combine([verdict, *(found for _, found in imported)])
     if worst.tier == "safe":
         return worst, None
@@ -345,8 +345,16 @@ _IMPORT = re.compile(
 )
 
 
-def _imports(j: Judge, code: str) -> list[tuple[int, Verdict]]:
-    """The verdicts of the project's own modules `code` imports, with the line of each import."""
+_NODE_IMPORT = re.compile(r"(?:require\s*\(\s*|\bfrom\s+|\bimport\s*\(?\s*)['\"](\.{1,2}/[^'\"\n]+)['\"]")
+
+
+def _imports(j: Judge, language: str, code: str) -> list[tuple[int, Verdict]]:
+    """The verdicts of the project's own modules `code` imports, with the line of each import: Python's
+    modules beside it, JavaScript's `./` and `../` files (found from the working directory)."""
+    if language == "node":
+        return _node_imports(j, code)
+    if language != "python":
+        return []
     found: list[tuple[int, Verdict]] = []
     for match in _IMPORT.finditer(code):
         if match.group(1):  # `from pkg import a, b`: pkg, and its submodules a and b
@@ -361,6 +369,19 @@ def _imports(j: Judge, code: str) -> list[tuple[int, Verdict]]:
             verdict = _module(j, "python", module, imported=True)
             if verdict.tier != "safe":
                 found.append((code.count("\n", 0, match.start()) + 1, verdict))
+    return found
+
+
+def _node_imports(j: Judge, code: str) -> list[tuple[int, Verdict]]:
+    found: list[tuple[int, Verdict]] = []
+    for match in _NODE_IMPORT.finditer(code):
+        base = match.group(1)
+        for candidate in (base, f"{base}.js", f"{base}.mjs", f"{base}.cjs", f"{base}/index.js"):
+            if any(path.is_file() for path in j.resolve(candidate)):
+                verdict = script_file(j, "node", Word(candidate), _code_reader(j, "node"), again=SAFE)
+                if verdict.tier != "safe":
+                    found.append((code.count("\n", 0, match.start()) + 1, verdict))
+                break
     return found
 
 

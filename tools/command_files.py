@@ -41,9 +41,29 @@ class Contents:
     problem: str = ""
 
 
+def _descriptor(path: Path) -> bool:
+    """Whether `path` leads through /proc or /dev (`/dev/fd/5`, a link to `/proc/self/fd/5`): there the
+    judge would read its own open files, not those of the command, which has others."""
+    text = os.path.abspath(path)
+    for _ in range(40):
+        text = os.path.join(os.path.realpath(os.path.dirname(text)), os.path.basename(text))
+        if text.startswith(("/proc/", "/dev/")):
+            return True
+        try:
+            target = os.readlink(text)
+        except OSError:
+            return False  # not a link: the file itself
+        text = os.path.normpath(os.path.join(os.path.dirname(text), target))
+    return True
+
+
 def read_file(path: Path, room: int = MAX_BYTES) -> Contents:
     """Read a script without ever blocking: only a regular file is opened, and only its first bytes."""
+    if room <= 0:
+        return Contents(problem="this command runs more scripts than mibyan reads for one command")
     try:
+        if _descriptor(path):
+            return Contents(problem="it is a device or a process's open file")
         if not stat.S_ISREG(os.stat(path).st_mode):
             return Contents(problem="it is not a regular file")
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
