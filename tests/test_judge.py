@@ -394,6 +394,8 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "task.R": "unlink('out', recursive = TRUE)\n",
         "main.py": "import sys, helper\n\nhelper.run(sys.argv)\n",
         "helper.py": "import os\n\ndef run(argv):\n    os.remove(argv[1])\n",
+        "edit.sed": "s/a/b/\n1e rm -rf keep\n",
+        "report.awk": '{ n++ }\nEND { system("rm -rf keep") }\n',
         "app.js": "const clean = require('./lib/clean');\n",
         "lib/clean.js": "require('fs').rmSync('keep', {recursive: true});\n",
         "blob.py": "x = 1\0\n",
@@ -445,6 +447,8 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
             "line 1 (import sys, helper) runs the script helper.py, whose line 4",
         ),
         ("Rscript task.R", "dangerous", "deletes a folder"),
+        ("sed -f edit.sed notes.txt", "dangerous", "edit.sed, which deletes a folder"),
+        ("awk -f report.awk data.txt", "dangerous", "report.awk, whose line 2"),
         (
             "node app.js",
             "dangerous",
