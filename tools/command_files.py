@@ -178,6 +178,8 @@ def judge_program_file(j: Judge, words: Sequence[Word], as_shell: Reader) -> Ver
         if refused.tier != "safe":
             findings.append(refused)
             continue
+        if _installed(path):
+            continue  # `/usr/bin/zgrep` is judged as `zgrep` is: by its name
         contents = j.read_script(path)
         if contents.binary:
             continue  # judged by its name, as every program is
@@ -188,6 +190,19 @@ def judge_program_file(j: Judge, words: Sequence[Word], as_shell: Reader) -> Ver
         else:
             findings.append(judge_script_file(j, Word(str(path)), as_shell, what=f"the script {word.text}"))
     return combine(findings)
+
+
+def _installed(path: Path) -> bool:
+    """Whether `path` is a program installed by someone else, root: a file neither mibyan's user nor
+    the commands it runs could have written (when mibyan runs as root, every file could be)."""
+    try:
+        owner = os.stat(path).st_uid
+    except (OSError, ValueError):
+        return False
+    if owner != 0 or os.getuid() == 0:
+        return False
+    real = os.path.realpath(path)
+    return not os.access(real, os.W_OK) and not os.access(os.path.dirname(real), os.W_OK)
 
 
 def _interpreted(j: Judge, path: Path, text: str, words: Sequence[Word]) -> Verdict:
