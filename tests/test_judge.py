@@ -516,3 +516,28 @@ def test_a_script_the_model_just_wrote_does_not_run_unasked(
     assert results[1].startswith("refused: nobody could be asked")
     assert "runs the script x.sh, whose line 1 (rm -rf keep) deletes a folder" in results[1]
     assert results[3].startswith("blocked: runs the script s.py, whose line 2")
+
+
+def test_a_script_changed_while_the_user_is_asked_does_not_run(
+    server: ScriptedServer, make_agent, tmp_path: Path
+) -> None:
+    for name in ("build", "src"):
+        (tmp_path / name).mkdir()
+    script = tmp_path / "clean.sh"
+    script.write_text("rm -r build\n")
+    server.add(Reply(tool_calls=[("terminal", {"command": "bash clean.sh"})]), Reply(text="ok"))
+    asked: list[str] = []
+
+    def swap_then_approve(command: str, reason: str) -> str:
+        asked.append(reason)
+        script.write_text("rm -r build src\n")  # another call of the reply rewrites it meanwhile
+        return "once"
+
+    result = make_agent(approval_callback=swap_then_approve).run_conversation("clean")
+
+    assert asked == [
+        "runs the script clean.sh, whose line 1 (rm -r build) deletes a folder and everything in it (rm -r)"
+    ]
+    assert (tmp_path / "src").exists() and (tmp_path / "build").exists()
+    tool = next(m["content"] for m in result["messages"] if m["role"] == "tool")
+    assert "not run: what it runs changed after it was judged" in tool and "rm -r build src" in tool
