@@ -147,7 +147,7 @@ def script_file(
     return judge_script_file(j, word, reader, what=f"the script {word.text}", search=search, again=again)
 
 
-def _code_reader(j: Judge, language: str) -> Reader:
+def code_reader(j: Judge, language: str) -> Reader:
     return lambda text: code_at(j, language, text)
 
 
@@ -205,7 +205,9 @@ def judge_interpreter(j: Judge, name: str, args: list[Word], feed: Feed) -> Verd
                 module = text[position + 1 :] or (args[i + 1].text if i + 1 < len(args) else "")
                 if is_mibyan_module(module):
                     return judge_mibyan(args[i + 1 :] if text[position + 1 :] else args[i + 2 :])
-                return _module(j, name, module)
+                from mibyan.tools.command_imports import local_module
+
+                return local_module(j, name, module)
             in_place |= letter == "i" and language in ("perl", "ruby")
             if letter in code_letters or letter in valued:
                 attached = text[position + 1 :]
@@ -225,9 +227,9 @@ def judge_interpreter(j: Judge, name: str, args: list[Word], feed: Feed) -> Verd
         findings.append(_code_word(code, lambda text: _inline_code(j, language, text), f"{language} code"))
     if not codes:
         if rest and rest[0].text not in _STDIN_FILES:
-            findings.append(script_file(j, name, rest[0], _code_reader(j, language)))
+            findings.append(script_file(j, name, rest[0], code_reader(j, language)))
         else:
-            findings.append(_stdin_code(j, name, feed, _code_reader(j, language)))
+            findings.append(_stdin_code(j, name, feed, code_reader(j, language)))
     return combine(findings)
 
 
@@ -236,7 +238,7 @@ def judge_awk(j: Judge, args: list[Word]) -> Verdict:
     while i < len(args) and args[i].text.startswith("-") and args[i].text != "--":
         text = args[i].text
         if text in ("-f", "--file"):  # the program is in a file
-            return script_file(j, "awk", args[i + 1], _code_reader(j, "awk")) if i + 1 < len(args) else SAFE
+            return script_file(j, "awk", args[i + 1], code_reader(j, "awk")) if i + 1 < len(args) else SAFE
         if text in ("-e", "--source") and i + 1 < len(args):
             return _code_word(args[i + 1], lambda code: judge_code(j, "awk", code), "awk code")
         i += 2 if text in ("-F", "-v", "--assign", "--field-separator") else 1
@@ -309,7 +311,9 @@ def _deletes_broadly(j: Judge, code: str) -> bool:
 
 def _inline_code(j: Judge, language: str, code: str) -> Verdict:
     """`python3 -c CODE`: the code, and the project's own modules it imports."""
-    imported = _imports(j, language, code)
+    from mibyan.tools.command_imports import imports
+
+    imported = imports(j, language, code)
     return combine([judge_code(j, language, code), *(verdict for _, verdict in imported)])
 
 
@@ -319,8 +323,10 @@ def code_at(j: Judge, language: str, code: str) -> tuple[Verdict, int | None]:
     A Python script's imports of the project's own modules (found beside it, in the working
     directory) are judged with it: they run as soon as it starts.
     """
+    from mibyan.tools.command_imports import imports
+
     verdict = judge_code(j, language, code, whole_file=True)
-    imported = _imports(j, language, code)
+    imported = imports(j, language, code)
     worst = combine([verdict, *(found for _, found in imported)])
     if worst.tier == "safe":
         return worst, None
@@ -338,69 +344,6 @@ def code_at(j: Judge, language: str, code: str) -> tuple[Verdict, int | None]:
         if fallback is None and tier != "safe":
             fallback = number
     return worst, fallback
-
-
-_IMPORT = re.compile(
-    r"^[ \t]*(?:from[ \t]+([\w.]+)[ \t]+import[ \t]+\(?([\w, \t]*)|import[ \t]+([\w., \t]+))", re.MULTILINE
-)
-
-
-_NODE_IMPORT = re.compile(r"(?:require\s*\(\s*|\bfrom\s+|\bimport\s*\(?\s*)['\"](\.{1,2}/[^'\"\n]+)['\"]")
-
-
-def _imports(j: Judge, language: str, code: str) -> list[tuple[int, Verdict]]:
-    """The verdicts of the project's own modules `code` imports, with the line of each import: Python's
-    modules beside it, JavaScript's `./` and `../` files (found from the working directory)."""
-    if language == "node":
-        return _node_imports(j, code)
-    if language != "python":
-        return []
-    found: list[tuple[int, Verdict]] = []
-    for match in _IMPORT.finditer(code):
-        if match.group(1):  # `from pkg import a, b`: pkg, and its submodules a and b
-            names = [
-                match.group(1),
-                *(f"{match.group(1)}.{n}" for n in match.group(2).split(",") if n.strip()),
-            ]
-        else:
-            names = match.group(3).split(",")
-        for name in names:
-            module = name.split()[0] if name.split() else ""  # `import a as b`
-            verdict = _module(j, "python", module, imported=True)
-            if verdict.tier != "safe":
-                found.append((code.count("\n", 0, match.start()) + 1, verdict))
-    return found
-
-
-def _node_imports(j: Judge, code: str) -> list[tuple[int, Verdict]]:
-    found: list[tuple[int, Verdict]] = []
-    for match in _NODE_IMPORT.finditer(code):
-        base = match.group(1)
-        for candidate in (base, f"{base}.js", f"{base}.mjs", f"{base}.cjs", f"{base}/index.js"):
-            if any(path.is_file() for path in j.resolve(candidate)):
-                verdict = script_file(j, "node", Word(candidate), _code_reader(j, "node"), again=SAFE)
-                if verdict.tier != "safe":
-                    found.append((code.count("\n", 0, match.start()) + 1, verdict))
-                break
-    return found
-
-
-def _module(j: Judge, name: str, module: str, *, imported: bool = False) -> Verdict:
-    """`python3 -m NAME` (or `import NAME`) runs the project's own NAME.py, or NAME/__main__.py (or
-    NAME/__init__.py), before an installed module of that name."""
-    if not re.fullmatch(r"[A-Za-z_][\w.]*", module):
-        return SAFE
-    base = module.replace(".", "/")
-    top = base.partition("/")[0]
-    candidates = [f"{base}.py", f"{base}/__init__.py" if imported else f"{base}/__main__.py"]
-    if top != base:
-        candidates.append(f"{top}/__init__.py")
-    for candidate in candidates:
-        if any(path.is_file() for path in j.resolve(candidate)):
-            # an import cycle (the module is being judged already) adds nothing: safe
-            again = SAFE if imported else None
-            return script_file(j, name, Word(candidate), _code_reader(j, "python"), again=again)
-    return SAFE  # runs an installed module
 
 
 def _home(j: Judge, text: str) -> str:

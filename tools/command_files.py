@@ -3,13 +3,15 @@
 `bash build.sh`, `source env.sh`, `./run`, `python3 tool.py`, `perl x.pl`: what runs is the file's text,
 so the judge reads it (from the directory the command will run in) and judges it as the command would
 run it: a shell script with the same judge, code of another language with the inline-code patterns
-(tools/command_code.py), a `#!` line by the interpreter it names. A program file that is a binary is
-judged by its name, as any program is. A script that cannot be read (missing, not a regular file, too
-large, not text, a binary handed to an interpreter) asks, and so does one that sits somewhere secret.
+(tools/command_code.py, with the project's own modules it imports: tools/command_imports.py), a `#!`
+line by the interpreter it names. A program file that is a binary, or that root installed, is judged by
+its name, as any program is. A script that cannot be read (missing, not a regular file, too large, not
+text, a binary handed to an interpreter) asks, and so does one that sits somewhere secret.
 
-What is judged is the file as it is at that moment: a command that rewrites the file in a way the judge
-does not follow, or a change made between the question and the run, is not seen (the sandbox still
-confines what runs).
+What is judged is the file as it is at that moment. The terminal judges the command again just before
+it starts, so a script changed while the user was asked does not run; a change the command itself makes
+in a way the judge does not follow (an archive it unpacks), or one made after it started (a script run
+later in the background), is not seen: the sandbox still confines what runs.
 """
 
 from __future__ import annotations
