@@ -447,6 +447,7 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
             "line 1 (import sys, helper) runs the script helper.py, whose line 4",
         ),
         ("Rscript task.R", "dangerous", "deletes a folder"),
+        ("node --require ./lib/clean.js -e 1", "dangerous", "./lib/clean.js, whose line 1"),
         ("sed -f edit.sed notes.txt", "dangerous", "edit.sed, which deletes a folder"),
         ("awk -f report.awk data.txt", "dangerous", "report.awk, whose line 2"),
         (

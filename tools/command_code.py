@@ -56,6 +56,11 @@ _OPTIONS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "lua": ("e", "l", ()),
     "r": ("e", "", ()),
 }
+# per language: the letter and the long options that run a file before the script
+_PRELOADS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "node": ("r", ("--require", "--import", "--loader", "--experimental-loader")),
+    "ruby": ("r", ()),
+}
 _EXEC = {
     # a bare call (`system(...)` after `from os import system`), not a method (`re.compile`, `cur.execute`)
     "python": r"\bos\.(system|popen|exec|spawn|posix_spawn)|subprocess|\bpty\b|__import__|importlib|ctypes|"
@@ -186,18 +191,19 @@ def judge_interpreter(j: Judge, name: str, args: list[Word], feed: Feed) -> Verd
     language = _language(name)
     code_letters, valued, long_code = _OPTIONS[language]
     codes: list[Word] = []
+    preloads: list[Word] = []  # `node -r ./x.js`, `ruby -r ./x.rb`: files run before the script
+    preload_letter, preload_long = _PRELOADS.get(language, ("", ()))
     in_place = False
     i = 0
     while i < len(args) and args[i].text.startswith("-") and args[i].text not in ("-", "--"):
         text = args[i].text
         if text.startswith("--"):
             option, eq, value = text.partition("=")
-            if option in long_code:
-                if eq:
-                    codes.append(Word(value, args[i].dynamic))
-                elif i + 1 < len(args):
-                    codes.append(args[i + 1])
-                    i += 1
+            if option in long_code or option in preload_long:
+                given = Word(value, args[i].dynamic) if eq else args[i + 1] if i + 1 < len(args) else None
+                i += 0 if eq else 1
+                if given is not None:
+                    (codes if option in long_code else preloads).append(given)
             i += 1
             continue
         for position, letter in enumerate(text[1:], start=1):
@@ -217,12 +223,19 @@ def judge_interpreter(j: Judge, name: str, args: list[Word], feed: Feed) -> Verd
                     i += 1
                 if letter in code_letters and given is not None:
                     codes.append(given)
+                if letter == preload_letter and given is not None:
+                    preloads.append(given)
                 break
         i += 1
     if i < len(args) and args[i].text == "--":
         i += 1
     rest = args[i:]
     findings = [j.write(w, "edits") for w in (rest if codes else rest[1:]) if in_place]
+    findings += [
+        script_file(j, name, w, code_reader(j, language))
+        for w in preloads
+        if w.dynamic or w.text.startswith(("./", "../", "/"))  # else an installed package
+    ]
     for code in codes:
         findings.append(_code_word(code, lambda text: _inline_code(j, language, text), f"{language} code"))
     if not codes:
