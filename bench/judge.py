@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -42,22 +43,34 @@ def _first_judgement_ms() -> float:
     return float(out.stdout.strip())
 
 
-def _per_command(command: str, runs: int) -> list[float]:
+def _per_command(command: str, runs: int, cwd: Path | None = None) -> list[float]:
     from mibyan.tools.approval import classify_command
 
-    classify_command(command)  # warm: the parser exists
+    classify_command(command, cwd=cwd)  # warm: the parser exists
     samples = []
     for _ in range(runs):
         began = time.perf_counter()
-        classify_command(command)
+        classify_command(command, cwd=cwd)
         samples.append((time.perf_counter() - began) * 1000)
     return samples
+
+
+SCRIPT = "\n".join(["set -e", *(f"echo step {i} && ls -la src{i} > out{i}.txt" for i in range(19))])
+
+
+def _script_on_disk(runs: int) -> list[float]:
+    """`bash build.sh`: the judge reads the 20-line script and judges what it holds."""
+    with tempfile.TemporaryDirectory() as folder:
+        (Path(folder) / "build.sh").write_text(SCRIPT + "\n")
+        return _per_command("bash build.sh", runs, cwd=Path(folder))
 
 
 def main(runs: int = 200) -> None:
     show("judge a typical command", _per_command(TYPICAL, runs), FLOOR_MS)
     lines = COMPOUND.count("\n") + 1
     show(f"judge a {lines}-line compound command", _per_command(COMPOUND, runs // 4), FLOOR_MS)
+    show("judge the 20 lines of a script, given inline", _per_command(SCRIPT, runs // 4), FLOOR_MS)
+    show("judge `bash build.sh`, those lines on disk", _script_on_disk(runs // 4), FLOOR_MS)
     show("  first judgement in a process (imports)", [_first_judgement_ms() for _ in range(3)])
 
 

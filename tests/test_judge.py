@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+from conftest import run_cli
+from loopback import Reply, ScriptedServer
 
 from mibyan.tools.approval import classify_command
 
@@ -204,7 +207,6 @@ SAFE_LOOK_ALIKES = [
     "grep -n 'shutil.rmtree' src/*.py",
     "kill -1 1234",
     "python3 -m http.server 8000",
-    "bash ./build.sh",
     'for f in *.txt; do wc -l "$f"; done',
     "x=5; echo $((x + 1))",
     "git log --oneline | head -5",
@@ -225,7 +227,6 @@ SAFE_LOOK_ALIKES = [
     "EDITOR=vim git commit",
     "sqlite3 app.db .tables",
     "echo 'echo hi' > x.sh; bash x.sh",
-    "./configure && make",
     "msg='run $(date) now'; echo \"$msg\"",
     "echo $'\\8\\9'",  # not octal escapes: bash keeps them as written
     "rsync -a --delete src/ dst/",
@@ -366,3 +367,178 @@ def test_killing_everything_by_pattern_or_moving_a_root_away_is_as_bad_as_its_pl
     command: str, tier: str
 ) -> None:
     assert classify_command(command).tier == tier, classify_command(command)
+
+
+# -- scripts on disk: judged by what they hold ------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder of scripts, and the mibyan home beside it ({home} in the scripts)."""
+    root = tmp_path_factory.mktemp("project")
+    home = root / "mibyan-home"
+    home.mkdir()
+    scripts = {
+        "danger.sh": "echo start\nrm -rf keep\n",
+        "root.sh": "# tidy up\nrm -rf /\n",
+        "config.sh": f"echo 'approvals: {{always: [sudo]}}' >> {home}/config.yaml\n",
+        "build.sh": "set -e\necho building\nls -la > files.txt\n",
+        "outer.sh": "echo outer\nbash inner.sh\n",
+        "inner.sh": "rm -rf keep\n",
+        "self.sh": "bash self.sh\n",
+        "configure": "#!/bin/sh\necho checking\n",
+        "run": "#!/usr/bin/env python3\nimport shutil\nshutil.rmtree('/')\n",
+        "tool.py": "import shutil\n\nshutil.rmtree('build')\n",
+        "link.py": f"import os\nos.symlink('/tmp/x', '{home}/config.yaml')\n",
+        "clean.py": "import shutil\nimport mibyan  # the library, no path\nshutil.rmtree('build')\n",
+        "task.R": "unlink('out', recursive = TRUE)\n",
+        "main.py": "import sys, helper\n\nhelper.run(sys.argv)\n",
+        "helper.py": "import os\n\ndef run(argv):\n    os.remove(argv[1])\n",
+        "edit.sed": "s/a/b/\n1e rm -rf keep\n",
+        "report.awk": '{ n++ }\nEND { system("rm -rf keep") }\n',
+        "app.js": "const clean = require('./lib/clean');\n",
+        "lib/clean.js": "require('fs').rmSync('keep', {recursive: true});\n",
+        "blob.py": "x = 1\0\n",
+        "big.sh": "echo x\n" * 40_000,
+    }
+    (root / "lib").mkdir()
+    for name, text in scripts.items():
+        (root / name).write_text(text)
+    (root / "latin.sh").write_bytes("echo caf\xe9\n".encode("latin-1"))
+    (root / "configure").chmod(0o755)
+    (root / "run").chmod(0o755)
+    (root / "tool").write_bytes(Path("/bin/true").read_bytes())  # a binary: judged by its name
+    (root / "tool").chmod(0o755)
+    (root / "folder").mkdir()
+    os.mkfifo(root / "pipe")  # would block a reader that opened it
+    (root / "key.sh").symlink_to(Path.home() / ".ssh" / "id_rsa")
+    (root / "fd.sh").symlink_to("/proc/self/fd/0")  # the judge's own stdin, not the command's
+    return root
+
+
+@pytest.mark.parametrize(
+    ("command", "tier", "said"),
+    [
+        (
+            "bash danger.sh; ls",
+            "dangerous",
+            "the script danger.sh, whose line 2 (rm -rf keep) deletes a folder",
+        ),
+        ("bash -ex danger.sh", "dangerous", "line 2 (rm -rf keep)"),
+        ("timeout 5 env FOO=1 nice sh danger.sh", "dangerous", "danger.sh, whose line 2"),
+        ("source danger.sh", "dangerous", "danger.sh, whose line 2"),
+        (". ./danger.sh", "dangerous", "./danger.sh, whose line 2"),
+        ("sh < danger.sh", "dangerous", "danger.sh, whose line 2"),
+        (
+            "cd . && bash outer.sh",
+            "dangerous",
+            "outer.sh, whose line 2 (bash inner.sh) runs the script inner.sh",
+        ),
+        ("bash root.sh", "hardline", "root.sh, whose line 2 (rm -rf /) deletes the root"),
+        ("bash config.sh", "hardline", "mibyan's own files"),
+        ("./run", "hardline", "deletes the root"),
+        ("python3 tool.py", "dangerous", "tool.py, whose line 3 (shutil.rmtree('build')) deletes a folder"),
+        ("python3 -m tool", "dangerous", "deletes a folder"),
+        ("python3 link.py", "hardline", "mibyan's own files"),
+        ("python3 clean.py", "dangerous", "names mibyan"),
+        (
+            "python3 main.py x",
+            "dangerous",
+            "line 1 (import sys, helper) runs the script helper.py, whose line 4",
+        ),
+        ("Rscript task.R", "dangerous", "deletes a folder"),
+        ("node --require ./lib/clean.js -e 1", "dangerous", "./lib/clean.js, whose line 1"),
+        ("sed -f edit.sed notes.txt", "dangerous", "edit.sed, which deletes a folder"),
+        ("awk -f report.awk data.txt", "dangerous", "report.awk, whose line 2"),
+        (
+            "node app.js",
+            "dangerous",
+            "line 1 (const clean = require('./lib/clean');) runs the script ./lib/clean.js",
+        ),
+        ("bash self.sh", "dangerous", "runs itself"),
+        ("bash missing.sh", "dangerous", "missing.sh, which mibyan cannot read: there is no such file"),
+        ("./missing", "dangerous", "no such file"),
+        ("bash folder", "dangerous", "not a regular file"),
+        ("bash pipe", "dangerous", "not a regular file"),
+        ("bash big.sh", "dangerous", "larger than mibyan reads"),
+        ("bash latin.sh", "dangerous", "not UTF-8"),
+        ("python3 blob.py", "dangerous", "a binary"),
+        ("bash tool", "dangerous", "a binary"),
+        ("bash key.sh", "dangerous", "reads or changes ~/.ssh"),
+        ("bash fd.sh", "dangerous", "a process's open file"),
+        ('cd "$d" && bash build.sh', "dangerous", "folder only known when it runs"),
+    ],
+)
+def test_a_script_on_disk_is_judged_by_what_it_holds(
+    command: str, tier: str, said: str, project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MIBYAN_HOME", str(project / "mibyan-home"))
+    verdict = classify_command(command, cwd=project)
+    assert verdict.tier == tier and said in verdict.reason, verdict
+
+
+def test_a_harmless_script_runs_without_a_question_until_a_dangerous_line_is_added(
+    project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    safe = ["bash build.sh", "sh -e ./build.sh", "./configure && make", "./tool --version", "/bin/ls"]
+    assert [classify_command(c, cwd=project).tier for c in safe] == ["safe"] * len(safe)
+    # a command found by name in a folder of the PATH inside the project is that folder's file
+    (project / "bin").mkdir(exist_ok=True)
+    (project / "bin" / "deploy").write_text("#!/bin/sh\nrm -rf keep\n")
+    monkeypatch.setenv("PATH", f"{project / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    assert classify_command("deploy --now", cwd=project).key == "rm_recursive"
+    assert classify_command("git status && ls", cwd=project).tier == "safe"
+    (tmp_path / "build.sh").write_text("echo building\n")
+    assert classify_command("bash build.sh", cwd=tmp_path).tier == "safe"
+    with (tmp_path / "build.sh").open("a") as script:
+        script.write("git push --force\n")
+    assert classify_command("bash build.sh", cwd=tmp_path).key == "git_force_push"
+
+
+def test_a_script_the_model_just_wrote_does_not_run_unasked(
+    server: ScriptedServer, home: Path, tmp_path: Path
+) -> None:
+    work = tmp_path / "work"
+    (work / "keep").mkdir(parents=True)
+    (work / "keep" / "notes.txt").write_text("precious")
+    link = f"import os\nos.symlink('/tmp/x', '{home}/config.yaml.new')\n"
+    server.add(
+        Reply(tool_calls=[("write_file", {"path": "x.sh", "content": "rm -rf keep\n"})]),
+        Reply(tool_calls=[("terminal", {"command": "bash x.sh; ls"})]),
+        Reply(tool_calls=[("write_file", {"path": "s.py", "content": link})]),
+        Reply(tool_calls=[("terminal", {"command": "python3 s.py"})]),
+        Reply(text="done"),
+    )
+    done = run_cli("chat", "-q", "tidy up", "--base-url", server.base_url, home=home, cwd=work)
+    assert done.returncode == 0, done.stderr
+    assert (work / "keep" / "notes.txt").read_text() == "precious"
+    assert not (home / "config.yaml.new").is_symlink()
+    results = [m["content"] for m in server.requests[-1].body["messages"] if m["role"] == "tool"]
+    assert results[1].startswith("refused: nobody could be asked")
+    assert "runs the script x.sh, whose line 1 (rm -rf keep) deletes a folder" in results[1]
+    assert results[3].startswith("blocked: runs the script s.py, whose line 2")
+
+
+def test_a_script_changed_while_the_user_is_asked_does_not_run(
+    server: ScriptedServer, make_agent, tmp_path: Path
+) -> None:
+    for name in ("build", "src"):
+        (tmp_path / name).mkdir()
+    script = tmp_path / "clean.sh"
+    script.write_text("rm -r build\n")
+    server.add(Reply(tool_calls=[("terminal", {"command": "bash clean.sh"})]), Reply(text="ok"))
+    asked: list[str] = []
+
+    def swap_then_approve(command: str, reason: str) -> str:
+        asked.append(reason)
+        script.write_text("rm -r build src\n")  # another call of the reply rewrites it meanwhile
+        return "once"
+
+    result = make_agent(approval_callback=swap_then_approve).run_conversation("clean")
+
+    assert asked == [
+        "runs the script clean.sh, whose line 1 (rm -r build) deletes a folder and everything in it (rm -r)"
+    ]
+    assert (tmp_path / "src").exists() and (tmp_path / "build").exists()
+    tool = next(m["content"] for m in result["messages"] if m["role"] == "tool")
+    assert "not run: what it runs changed after it was judged" in tool and "rm -r build src" in tool

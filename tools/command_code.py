@@ -14,6 +14,7 @@ import re
 from collections.abc import Callable
 
 from mibyan.tools.approval import SAFE, Verdict
+from mibyan.tools.command_files import Reader, judge_script_file
 from mibyan.tools.command_mibyan import is_mibyan_module, judge_mibyan
 from mibyan.tools.command_paths import is_broad
 from mibyan.tools.command_words import Feed, Judge, Stream, Word, combine
@@ -36,10 +37,11 @@ INTERPRETERS = frozenset(
         "php",
         "lua",
         "luajit",
+        "rscript",
     ]
 )
 _INTERPRETER = re.compile(
-    r"^(python[0-9.]*|pypy[0-9.]*|perl[0-9.]*|ruby[0-9.]*|node(js)?|bun|php[0-9.]*|lua[0-9.]*)$"
+    r"^(python[0-9.]*|pypy[0-9.]*|perl[0-9.]*|ruby[0-9.]*|node(js)?|bun|php[0-9.]*|lua[0-9.]*|rscript)$"
 )
 _STDIN_FILES = {"-", "/dev/stdin", "/dev/fd/0", "/proc/self/fd/0"}
 _NETWORK = {"curl", "wget", "fetch", "http", "https", "aria2c", "nc", "ncat", "socat", "lynx", "ftp", "ssh"}
@@ -52,11 +54,17 @@ _OPTIONS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "node": ("ep", "r", ("--eval", "--print")),
     "php": ("r", "cdz", ()),
     "lua": ("e", "l", ()),
+    "r": ("e", "", ()),
+}
+# per language: the letter and the long options that run a file before the script
+_PRELOADS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "node": ("r", ("--require", "--import", "--loader", "--experimental-loader")),
+    "ruby": ("r", ()),
 }
 _EXEC = {
     # a bare call (`system(...)` after `from os import system`), not a method (`re.compile`, `cur.execute`)
     "python": r"\bos\.(system|popen|exec|spawn|posix_spawn)|subprocess|\bpty\b|__import__|importlib|ctypes|"
-    r"getattr\s*\(|(?<![\w.])(eval|exec\w*|compile|system|popen|spawn\w*)\s*\(|from\s+os\s+import",
+    r"getattr\s*\(|(?<![\w.])(eval|exec|exec[lv]\w*|compile|system|popen|spawn\w*)\s*\(|from\s+os\s+import",
     "perl": r"\bsystem\b|\bexec\b|`|\bqx\b|\bopen\s*\(?[^;]*\||\beval\b",
     "ruby": r"\bsystem\b|\bexec\b|`|%x|IO\.popen|Open3|\bspawn\b|\beval\b|instance_eval|\bsend\s*\(",
     "node": r"child_process|execSync|spawnSync|(?<![\w.])(exec|spawn|eval)\s*\(|execFile|Function\s*\(|"
@@ -64,12 +72,15 @@ _EXEC = {
     "php": r"\bsystem\s*\(|shell_exec|passthru|\bexec\s*\(|proc_open|popen|`|\beval\s*\(|assert\s*\(",
     "lua": r"os\.execute|io\.popen|loadstring|\bload\s*\(",
     "awk": r"\bsystem\s*\(|\|\s*getline|\|&|print[^;}]*\|",
+    "r": r"\bsystem2?\s*\(|\bshell\s*\(|\bpipe\s*\(|\beval\s*\(|\bparse\s*\(|do\.call|processx|\bsource\s*\(",
 }
-_DELETE_TREE = re.compile(r"rmtree|rm_rf|rm_r\b|remove_tree|rimraf|rmSync|\bfs\.rm\b|rmdirSync|FileUtils\.rm")
+_DELETE_TREE = re.compile(
+    r"unlink\s*\([^)]*recursive|rmtree|rm_rf|rm_r\b|remove_tree|rimraf|rmSync|\bfs\.rm\b|rmdirSync|FileUtils\.rm"
+)
 _DELETE = re.compile(r"\bunlink|\bremove\s*\(|os\.remove|\brmdir|File\.delete|removedirs")
 _WRITE = re.compile(
     r"open\s*\(|write_text|write_bytes|writeFile|appendFile|File\.write|shutil\.(copy|move)|"
-    r"os\.(rename|replace|chmod|symlink|link)|fopen|file_put_contents|copyFile|rename|symlink|chmod|>>?\s*\"|"
+    r"os\.(rename|replace|chmod|symlink|link)|writeLines|file\.(create|copy)|fopen|file_put_contents|copyFile|rename|symlink|chmod|>>?\s*\"|"
     r"connect\s*\(|sqlite"
 )
 _HOME_MARKERS = re.compile(
@@ -89,9 +100,14 @@ def _language(name: str) -> str:
     return "node" if name in ("nodejs", "bun") else "lua"
 
 
-def _stdin_code(name: str, feed: Feed, judge_text: Callable[[str], Verdict]) -> Verdict:
+def _stdin_code(j: Judge, name: str, feed: Feed, reader: Reader) -> Verdict:
+    def judge_text(text: str) -> Verdict:
+        return reader(text)[0]
+
     if isinstance(feed, str):
         return judge_text(feed)
+    if isinstance(feed, Stream) and feed.source == "<":  # `bash < FILE`
+        return script_file(j, name, Word(feed.path or "<file>", dynamic=not feed.path), reader)
     if isinstance(feed, Stream):
         for guess in feed.guesses:
             verdict = judge_text(guess)
@@ -115,8 +131,11 @@ def _code_word(word: Word, judge_text: Callable[[str], Verdict], what: str) -> V
     return Verdict("dangerous", f"runs {what} that is only known when it runs", "dynamic_command")
 
 
-def script_file(j: Judge, name: str, word: Word, judge_text: Callable[[str], Verdict]) -> Verdict:
-    """Running a script file: judged when this very command wrote it, asked when it is only known later."""
+def script_file(
+    j: Judge, name: str, word: Word, reader: Reader, *, search: str = "", again: Verdict | None = None
+) -> Verdict:
+    """Running a script file: judged by what this very command wrote to it, or else by what it holds on
+    disk (tools/command_files.py); a file only known when it runs asks."""
     if word.dynamic:
         return Verdict(
             "dangerous",
@@ -125,10 +144,16 @@ def script_file(j: Judge, name: str, word: Word, judge_text: Callable[[str], Ver
         )
     content = j.written(word)
     if isinstance(content, str):
-        return judge_text(content)
+        return reader(content)[0]
     if content is not None:
         return Verdict("dangerous", f"runs a script it has just written ({word.text})", "pipe_to_shell")
-    return SAFE
+    if not word.text:
+        return SAFE  # `BASH_ENV=`: no file
+    return judge_script_file(j, word, reader, what=f"the script {word.text}", search=search, again=again)
+
+
+def code_reader(j: Judge, language: str) -> Reader:
+    return lambda text: code_at(j, language, text)
 
 
 def judge_shell(j: Judge, name: str, args: list[Word], feed: Feed) -> Verdict:
@@ -157,8 +182,8 @@ def judge_shell(j: Judge, name: str, args: list[Word], feed: Feed) -> Verdict:
             else SAFE
         )
     if rest and not reads_stdin and rest[0].text not in _STDIN_FILES:
-        return script_file(j, name, rest[0], j.script)
-    return _stdin_code(name, feed, j.script)
+        return script_file(j, name, rest[0], j.script_at, search="after" if name == "bash" else "")
+    return _stdin_code(j, name, feed, j.script_at)
 
 
 def judge_interpreter(j: Judge, name: str, args: list[Word], feed: Feed) -> Verdict:
@@ -166,18 +191,19 @@ def judge_interpreter(j: Judge, name: str, args: list[Word], feed: Feed) -> Verd
     language = _language(name)
     code_letters, valued, long_code = _OPTIONS[language]
     codes: list[Word] = []
+    preloads: list[Word] = []  # `node -r ./x.js`, `ruby -r ./x.rb`: files run before the script
+    preload_letter, preload_long = _PRELOADS.get(language, ("", ()))
     in_place = False
     i = 0
     while i < len(args) and args[i].text.startswith("-") and args[i].text not in ("-", "--"):
         text = args[i].text
         if text.startswith("--"):
             option, eq, value = text.partition("=")
-            if option in long_code:
-                if eq:
-                    codes.append(Word(value, args[i].dynamic))
-                elif i + 1 < len(args):
-                    codes.append(args[i + 1])
-                    i += 1
+            if option in long_code or option in preload_long:
+                given = Word(value, args[i].dynamic) if eq else args[i + 1] if i + 1 < len(args) else None
+                i += 0 if eq else 1
+                if given is not None:
+                    (codes if option in long_code else preloads).append(given)
             i += 1
             continue
         for position, letter in enumerate(text[1:], start=1):
@@ -185,7 +211,9 @@ def judge_interpreter(j: Judge, name: str, args: list[Word], feed: Feed) -> Verd
                 module = text[position + 1 :] or (args[i + 1].text if i + 1 < len(args) else "")
                 if is_mibyan_module(module):
                     return judge_mibyan(args[i + 1 :] if text[position + 1 :] else args[i + 2 :])
-                return SAFE  # runs an installed module
+                from mibyan.tools.command_imports import local_module
+
+                return local_module(j, name, module)
             in_place |= letter == "i" and language in ("perl", "ruby")
             if letter in code_letters or letter in valued:
                 attached = text[position + 1 :]
@@ -195,19 +223,26 @@ def judge_interpreter(j: Judge, name: str, args: list[Word], feed: Feed) -> Verd
                     i += 1
                 if letter in code_letters and given is not None:
                     codes.append(given)
+                if letter == preload_letter and given is not None:
+                    preloads.append(given)
                 break
         i += 1
     if i < len(args) and args[i].text == "--":
         i += 1
     rest = args[i:]
     findings = [j.write(w, "edits") for w in (rest if codes else rest[1:]) if in_place]
+    findings += [
+        script_file(j, name, w, code_reader(j, language))
+        for w in preloads
+        if w.dynamic or w.text.startswith(("./", "../", "/"))  # else an installed package
+    ]
     for code in codes:
-        findings.append(_code_word(code, lambda text: judge_code(j, language, text), f"{language} code"))
+        findings.append(_code_word(code, lambda text: _inline_code(j, language, text), f"{language} code"))
     if not codes:
         if rest and rest[0].text not in _STDIN_FILES:
-            findings.append(script_file(j, name, rest[0], lambda text: judge_code(j, language, text)))
+            findings.append(script_file(j, name, rest[0], code_reader(j, language)))
         else:
-            findings.append(_stdin_code(name, feed, lambda text: judge_code(j, language, text)))
+            findings.append(_stdin_code(j, name, feed, code_reader(j, language)))
     return combine(findings)
 
 
@@ -215,8 +250,8 @@ def judge_awk(j: Judge, args: list[Word]) -> Verdict:
     i = 0
     while i < len(args) and args[i].text.startswith("-") and args[i].text != "--":
         text = args[i].text
-        if text in ("-f", "--file"):
-            return SAFE  # the program is in a file
+        if text in ("-f", "--file"):  # the program is in a file
+            return script_file(j, "awk", args[i + 1], code_reader(j, "awk")) if i + 1 < len(args) else SAFE
         if text in ("-e", "--source") and i + 1 < len(args):
             return _code_word(args[i + 1], lambda code: judge_code(j, "awk", code), "awk code")
         i += 2 if text in ("-F", "-v", "--assign", "--field-separator") else 1
@@ -231,10 +266,15 @@ def _literals(code: str) -> list[str]:
     return [re.sub(r"\\(.)", r"\1", "".join(groups)) for groups in _LITERAL.findall(code)]
 
 
-def judge_code(j: Judge, language: str, code: str) -> Verdict:
-    """Judge inline code of another language by what it visibly does."""
+def judge_code(j: Judge, language: str, code: str, *, whole_file: bool = False) -> Verdict:
+    """Judge code of another language by what it visibly does.
+
+    `whole_file`: `code` is a script file rather than a one-liner, so what makes it hardline (a broad
+    folder deleted, mibyan's files written) must be seen on the line that deletes, or in a string that
+    names mibyan's files; a file that only mentions mibyan somewhere asks.
+    """
     literals = _literals(code)
-    shown = f"inline {language} code"
+    shown = f"inline {language} code" if not whole_file else f"{language} code"
     if re.search(r"\bfork\b", code) and re.search(r"\b(while|for|loop|until|do)\b", code):
         return Verdict("hardline", f"is a fork bomb, which freezes the machine ({shown})", "fork_bomb")
     findings: list[Verdict] = []
@@ -243,14 +283,8 @@ def judge_code(j: Judge, language: str, code: str) -> Verdict:
         commands.append(j.script(" ".join(literals)))
         findings += [Verdict("dangerous", f"starts other programs from {shown}", "inline_code"), *commands]
     if _DELETE_TREE.search(code):
-        quoted = re.findall(r"['\"`]([/~][^'\"`]*)['\"`]", code)  # also inside nested quotes
-        broad = _HOME_MARKERS.search(code) is not None or any(
-            is_broad(path, j.user_home)
-            for text in [*literals, *quoted]
-            if text.startswith(("/", "~"))
-            for path in j.resolve(_home(j, text))
-        )
-        if broad:
+        where = [line for line in code.splitlines() if _DELETE_TREE.search(line)] if whole_file else [code]
+        if any(_deletes_broadly(j, part) for part in where):
             return Verdict(
                 "hardline",
                 f"deletes the root, your home or a system folder and all in it ({shown})",
@@ -263,12 +297,66 @@ def judge_code(j: Judge, language: str, code: str) -> Verdict:
         findings.append(Verdict("dangerous", f"deletes files from {shown}", "inline_code"))
     if findings or _WRITE.search(code):
         if re.search(r"mibyan", code, re.IGNORECASE):  # a path into mibyan's files, however it is built
-            return Verdict("hardline", f"writes to mibyan's own files from {shown}", "protected")
+            if not whole_file or any(_MIBYAN_PATH.search(text) for text in literals):
+                return Verdict("hardline", f"writes to mibyan's own files from {shown}", "protected")
+            findings.append(Verdict("dangerous", f"writes files and names mibyan in {shown}", "inline_code"))
         findings += [
             j.write(Word(_home(j, text)), "writes to") for text in literals if text and "\n" not in text
         ]
         findings = [f for f in findings if f.key != "dynamic_write"]
     return combine(findings)
+
+
+_MIBYAN_PATH = re.compile(r"(^|[/.])mibyan|mibyan_home", re.IGNORECASE)
+_TELLING = [_DELETE_TREE, _DELETE, _WRITE, re.compile(r"\bfork\b")]
+
+
+def _deletes_broadly(j: Judge, code: str) -> bool:
+    """Whether code that deletes trees names the root, a home or a system folder."""
+    quoted = re.findall(r"['\"`]([/~][^'\"`]*)['\"`]", code)  # also inside nested quotes
+    return _HOME_MARKERS.search(code) is not None or any(
+        is_broad(path, j.user_home)
+        for text in [*_literals(code), *quoted]
+        if text.startswith(("/", "~"))
+        for path in j.resolve(_home(j, text))
+    )
+
+
+def _inline_code(j: Judge, language: str, code: str) -> Verdict:
+    """`python3 -c CODE`: the code, and the project's own modules it imports."""
+    from mibyan.tools.command_imports import imports
+
+    imported = imports(j, language, code)
+    return combine([judge_code(j, language, code), *(verdict for _, verdict in imported)])
+
+
+def code_at(j: Judge, language: str, code: str) -> tuple[Verdict, int | None]:
+    """Judge a script file of another language; the line (from 1) that shows why, when one does.
+
+    A Python script's imports of the project's own modules (found beside it, in the working
+    directory) are judged with it: they run as soon as it starts.
+    """
+    from mibyan.tools.command_imports import imports
+
+    verdict = judge_code(j, language, code, whole_file=True)
+    imported = imports(j, language, code)
+    worst = combine([verdict, *(found for _, found in imported)])
+    if worst.tier == "safe":
+        return worst, None
+    for number, module in imported:
+        if module.tier == worst.tier and verdict.tier != worst.tier:
+            return worst, number
+    telling = [re.compile(_EXEC[language]), *_TELLING]
+    fallback = None
+    for number, line in enumerate(code.splitlines(), start=1):
+        if not any(pattern.search(line) for pattern in telling):
+            continue
+        tier = judge_code(j, language, line, whole_file=True).tier
+        if tier == worst.tier:
+            return worst, number
+        if fallback is None and tier != "safe":
+            fallback = number
+    return worst, fallback
 
 
 def _home(j: Judge, text: str) -> str:

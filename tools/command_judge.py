@@ -13,7 +13,9 @@ run time (`$a`, `$(echo rm)`, `/bin/r?`) is its own kind, "dynamic_command", and
 command itself offers for it (`a=rm`, `for c in rm`, `$(printf ...)`, the environment the shell
 inherits) are tried in turn, with the worst names the arguments fit (rm, dd), so that a hardline one
 is caught; a write target only known at run time asks. The judge also remembers what the command
-writes to files and the folders it cd's into, so `echo ... > x.sh; sh x.sh` is judged by the script.
+writes to files and the folders it cd's into, so `echo ... > x.sh; sh x.sh` is judged by the script;
+a script already on disk that it runs (`bash x.sh`, `./run`, `python3 x.py`) is read and judged by its
+text (tools/command_files.py).
 
 A parse error or a construct the judge does not know is "ask", never "safe"; a broken tree is also
 read a second, looser way (tools/command_loose.py) so that a hardline command hidden behind a syntax
@@ -35,6 +37,7 @@ from typing import TYPE_CHECKING
 
 from mibyan.tools import context
 from mibyan.tools.approval import SAFE, Tier, Verdict
+from mibyan.tools.command_files import TOTAL_BYTES, Contents, read_file
 from mibyan.tools.command_paths import judge_write_word
 from mibyan.tools.command_reader import WordReader
 from mibyan.tools.command_rules import KNOWN_NAMES, judge_invocation
@@ -101,6 +104,7 @@ class CommandJudge:
         # (where they run) all of it they may write
         self._agent_folder = bound.agent_folder if bound is not None else None
         self._writable = bound.workdir if self._agent_folder is not None and bound is not None else None
+        self.cwd = cwd
         self.cwds: list[Path] = [cwd]
         self.cwd_unknown = False
         self.depth = 0
@@ -108,18 +112,42 @@ class CommandJudge:
         self._protected: dict[Path, str | None] = {}
         self.files: dict[Path, Feed] = {}  # what the command writes to files before it may run them
         self.reader = WordReader(user_home=user_home, cwd=cwd)
+        self._scripts: dict[Path, Contents] = {}  # the script files it runs, as read
+        self._script_bytes = 0
+        self._judging: set[tuple[str, Path]] = set()
 
     # -- the Judge protocol ---------------------------------------------------------------------------
 
     def script(self, text: str, feed: Feed = None) -> Verdict:
+        return self.script_at(text, feed)[0]
+
+    def script_at(self, text: str, feed: Feed = None) -> tuple[Verdict, int | None]:
         self._spend()
         if self.depth >= MAX_DEPTH:
-            return _TOO_DEEP
+            return _TOO_DEEP, None
         self.depth += 1
         try:
             return self._judge_text(text, feed)
         finally:
             self.depth -= 1
+
+    def read_script(self, path: Path) -> Contents:
+        if path not in self._scripts:
+            contents = read_file(path, room=TOTAL_BYTES - self._script_bytes)
+            size = len(contents.text or "")
+            self._script_bytes += size
+            self.budget += size  # a long script is judged whole, as a long command line is
+            self._scripts[path] = contents
+        return self._scripts[path]
+
+    def enter_script(self, key: tuple[str, Path]) -> bool:
+        if key in self._judging:
+            return False
+        self._judging.add(key)
+        return True
+
+    def leave_script(self, key: tuple[str, Path]) -> None:
+        self._judging.discard(key)
 
     def run(self, words: Sequence[Word], feed: Feed = None) -> Verdict:
         # every wrapper consumes a word, so this recursion ends without a depth count
@@ -162,6 +190,7 @@ class CommandJudge:
         return self._protected[path]
 
     def resolve(self, text: str) -> list[Path]:
+        text = text.partition("\0")[0]  # an argument ends at a NUL byte (`$'/\0x'` is "/")
         path = Path(re.sub(r"^//+", "/", text))  # normpath keeps a leading "//", which is "/" on Linux
         if path.is_absolute():
             return [Path(os.path.normpath(path))]
@@ -169,21 +198,24 @@ class CommandJudge:
 
     # -- reading the command ----------------------------------------------------------------------------
 
-    def _judge_text(self, text: str, feed: Feed) -> Verdict:
-        readings = [text]
+    def _judge_text(self, text: str, feed: Feed) -> tuple[Verdict, int | None]:
+        verdict, line = self._judge_reading(text, feed)
         folded = fold(text)
         if folded != text:
-            readings.append(folded)
-        return combine(self._judge_reading(reading, feed) for reading in readings)
+            other, other_line = self._judge_reading(folded, feed)
+            if other.tier == "hardline" and verdict.tier != "hardline":
+                line = other_line
+            verdict = combine([verdict, other])
+        return verdict, line
 
-    def _judge_reading(self, text: str, feed: Feed) -> Verdict:
+    def _judge_reading(self, text: str, feed: Feed) -> tuple[Verdict, int | None]:
         source = text.encode("utf-8", "surrogatepass")
         tree = _parser().parse(source)
         walk = Walk(self)
         outer = (self.reader.misread, self.reader.source, self.reader.cache)
         self.reader.misread, self.reader.source, self.reader.cache = False, source, {}
         walk.prepare(tree.root_node)
-        walk.node(tree.root_node, feed)
+        lines = walk.statements(tree.root_node, feed)
         misread = self.reader.misread
         self.reader.misread, self.reader.source, self.reader.cache = outer
         if tree.root_node.has_error or misread:
@@ -191,7 +223,8 @@ class CommandJudge:
 
             walk.findings.append(UNREADABLE)
             walk.findings.extend(loose_verdicts(self, text))
-        return combine(walk.findings)
+        verdict = combine(walk.findings)
+        return verdict, lines.get(verdict.tier)
 
     def _judge_words(self, words: list[Word], feed: Feed) -> Verdict:
         head = words[0]

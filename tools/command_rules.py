@@ -21,6 +21,7 @@ from mibyan.tools.command_code import (
     judge_shell,
     script_file,
 )
+from mibyan.tools.command_files import found_on_path, judge_program_file
 from mibyan.tools.command_mibyan import judge_mibyan
 from mibyan.tools.command_paths import broad_target
 from mibyan.tools.command_system import SYSTEM_RULES, judge_disk
@@ -163,7 +164,12 @@ def _script(j: Judge, name: str, args: list[Word], feed: Feed) -> Verdict:
 
 
 def _source(j: Judge, name: str, args: list[Word], feed: Feed) -> Verdict:
-    return judge_shell(j, "sh", args[:1], feed)
+    """`source FILE`, `. FILE`: bash looks for a FILE without a slash on the PATH first."""
+    if not args:
+        return SAFE
+    if args[0].text in ("-", "/dev/stdin"):
+        return judge_shell(j, "sh", args[:1], feed)
+    return script_file(j, name, args[0], j.script_at, search="first")
 
 
 def _ssh(j: Judge, name: str, args: list[Word], feed: Feed) -> Verdict:
@@ -317,6 +323,13 @@ def judge_invocation(j: Judge, words: Sequence[Word], feed: Feed) -> Verdict:
     name = command_name(words[0])
     rule = _rule_for(name)
     verdict = rule(j, name, list(words[1:]), feed) if rule is not None else SAFE
-    if "/" in words[0].text:  # `./run.sh` that this command wrote
-        verdict = combine([verdict, script_file(j, name, words[0], j.script)])
+    if "/" in words[0].text:  # `./run.sh`: what it runs is the file's text, unless it is a binary
+        if words[0].dynamic or j.written(words[0]) is not None:
+            verdict = combine([verdict, script_file(j, name, words[0], j.script_at)])
+        else:
+            verdict = combine([verdict, judge_program_file(j, words, j.script_at)])
+    elif not words[0].dynamic:
+        found = found_on_path(j, words[0].text)
+        if found is not None:  # `.venv/bin/x`, found by name: what runs is that file
+            verdict = combine([verdict, judge_program_file(j, [Word(str(found)), *words[1:]], j.script_at)])
     return verdict

@@ -11,6 +11,7 @@ import re
 from collections.abc import Callable
 
 from mibyan.tools.approval import Verdict
+from mibyan.tools.command_code import script_file
 from mibyan.tools.command_paths import broad_target
 from mibyan.tools.command_words import Feed, Judge, Word, combine, split_options
 
@@ -103,13 +104,21 @@ def _sed(j: Judge, name: str, args: list[Word], feed: Feed) -> Verdict:
     if not scripted and given:
         expressions, given = [given[0].text], given[1:]
     findings = [j.write(w, "edits") for w in given if in_place]
-    for script in expressions:
-        for command in _SED_EXEC.findall(script):
-            findings.append(j.script(command) if command.strip() else _SED_RUNS)
-        if _SED_EXEC_FLAG.search(script):
-            findings.append(_SED_RUNS)
-        targets = [*_SED_WRITE.findall(script), *(m[1] for m in _SED_WRITE_FLAG.findall(script))]
-        findings += [j.write(Word(target), "writes to") for target in targets]
+    findings += [_sed_script(j, script) for script in expressions]
+    for i, text in enumerate(texts[:-1]):  # `sed -f SCRIPT`: the script file is judged as `-e` text is
+        if text in ("-f", "--file"):
+            findings.append(script_file(j, "sed", args[i + 1], lambda code: (_sed_script(j, code), None)))
+    return combine(findings)
+
+
+def _sed_script(j: Judge, script: str) -> Verdict:
+    findings = []
+    for command in _SED_EXEC.findall(script):
+        findings.append(j.script(command) if command.strip() else _SED_RUNS)
+    if _SED_EXEC_FLAG.search(script):
+        findings.append(_SED_RUNS)
+    targets = [*_SED_WRITE.findall(script), *(m[1] for m in _SED_WRITE_FLAG.findall(script))]
+    findings += [j.write(Word(target), "writes to") for target in targets]
     return combine(findings)
 
 

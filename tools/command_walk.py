@@ -150,6 +150,20 @@ class Walk:
 
     # -- the walk -------------------------------------------------------------------------------------
 
+    def statements(self, root: Node, feed: Feed) -> dict[str, int]:
+        """Walk a whole script; returns, per tier found, the line (from 1) of the first statement of it."""
+        if root.type != "program":
+            self.node(root, feed)
+            return {}
+        lines: dict[str, int] = {}
+        for child in root.children:
+            before = len(self.findings)
+            self.node(child, feed)
+            for finding in self.findings[before:]:
+                if finding.tier != "safe":
+                    lines.setdefault(finding.tier, child.start_point[0] + 1)
+        return lines
+
     def node(self, node: Node, feed: Feed) -> None:
         kind = node.type
         if node.is_error or node.is_missing:
@@ -262,7 +276,11 @@ class Walk:
             words = self.reader.statement_words(inner[0]) if len(inner) == 1 else []
             return Stream(command_name(words[0]) if words else "")
         if targets and operator == "<":  # `cat < ~/.ssh/id_rsa` reads the secret as `cat ~/.ssh/id_rsa` does
-            self.findings.extend(self.judge.secrets(self.reader.words(targets[0])))
+            words = self.reader.words(targets[0])
+            self.findings.extend(self.judge.secrets(words))
+            descriptor = next((c.text for c in node.children if c.type == "file_descriptor"), b"0")
+            if len(words) == 1 and descriptor == b"0":  # `sh < run.sh`: a shell reading it runs it
+                return Stream("<", path="" if words[0].dynamic else words[0].text)
         if not targets or not any(ch in operator for ch in ">"):
             return None
         if operator in (">&", "<&") and targets[0].type == "number":
@@ -303,7 +321,7 @@ class Walk:
                     self.findings.append(self.judge.script(word.text))
         if value is not None and variable in ("BASH_ENV", "ENV"):  # a file every new shell runs first
             for word in self.reader.words(value):
-                self.findings.append(script_file(self.judge, variable, word, self.judge.script))
+                self.findings.append(script_file(self.judge, variable, word, self.judge.script_at))
         if value is not None:
             self.quoted_substitution(value)
         self.children(node, None)

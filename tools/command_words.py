@@ -11,9 +11,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from mibyan.tools.approval import SAFE, Verdict
+
+if TYPE_CHECKING:
+    from mibyan.tools.command_files import Contents
 
 
 @dataclass(frozen=True)
@@ -35,10 +38,13 @@ class Stream:
     """Standard input that another command writes while this one runs (`curl ... | sh`).
 
     `guesses` are texts it may be, when the writer's words have guesses (`c=...; echo "$c" | sh`).
+    A file redirected to standard input (`sh < FILE`) has the source "<" and its `path` ("" when only
+    known at run time).
     """
 
     source: str
     guesses: tuple[str, ...] = ()
+    path: str = ""
 
 
 #: What a command reads on standard input: text known in advance (a heredoc, `echo ... |`), a stream
@@ -51,9 +57,32 @@ class Judge(Protocol):
 
     home: Path
     user_home: Path
+    cwd: Path  # where the command starts
+    cwd_unknown: bool  # the command cd's into a folder only known when it runs
 
     def script(self, text: str, feed: Feed = None) -> Verdict:
         """Judge `text` as a shell script (an `sh -c` string, an `eval`, a heredoc fed to a shell)."""
+        ...
+
+    def script_at(self, text: str, feed: Feed = None) -> tuple[Verdict, int | None]:
+        """`script`, and the line (from 1) of the statement that carries the verdict, when known."""
+        ...
+
+    def read_script(self, path: Path) -> Contents:
+        """The text of a script file the command runs (read once per judgement, within a total)."""
+        ...
+
+    def enter_script(self, key: tuple[str, Path]) -> bool:
+        """Start judging a script file; False when it is already being judged (it runs itself)."""
+        ...
+
+    def leave_script(self, key: tuple[str, Path]) -> None:
+        """The script file `key` is judged."""
+        ...
+
+    def secrets(self, args: Sequence[Word]) -> list[Verdict]:
+        """Findings for arguments naming a place that holds secrets (or, for a gateway agent, a part
+        of the home not its own)."""
         ...
 
     def run(self, words: Sequence[Word], feed: Feed = None) -> Verdict:

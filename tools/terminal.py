@@ -150,6 +150,7 @@ def terminal(
     cwd = _run_directory(agent_sandbox, workdir)
     if not cwd.is_dir():
         raise ToolError(f"no such directory: {workdir}")
+    _judge_again(command, workdir, outside_sandbox)
     sandbox = None if outside_sandbox else agent_sandbox
     started = time.monotonic()
     process = _start(["bash", "-c", command], sandbox, str(cwd))
@@ -183,6 +184,23 @@ def terminal(
     if note:
         status += "\n" + note
     return f"{text}\n{status}" if text else status
+
+
+def _judge_again(command: str, workdir: str | None, outside_sandbox: bool) -> None:
+    """Judge the command again just before it starts: a script it runs may have changed on disk while
+    the user was asked (or while another call of the same reply ran), and what was allowed is the
+    command as it was judged, not whatever the file holds now."""
+    bound = context.current()
+    if bound is None or bound.approved is None:
+        return
+    now = terminal_verdict({"command": command, "workdir": workdir, "outside_sandbox": outside_sandbox})
+    if now.tier == "hardline":
+        raise ToolError(f"blocked: {now.reason}; mibyan never runs this")
+    if now.tier == "dangerous" and now != bound.approved:
+        raise ToolError(
+            f"not run: what it runs changed after it was judged (it now {now.reason}), "
+            "and the user did not approve that"
+        )
 
 
 def _start(argv: list[str], sandbox: Sandbox | None, cwd: str) -> subprocess.Popen[bytes]:
