@@ -47,6 +47,8 @@ def test_agents_work_in_their_own_workspaces_and_never_reach_each_others(
                 ),
                 ("terminal", {"command": "cat notes.txt", "workdir": str(meepa_files)}),
                 ("terminal", {"command": f"head -c 100 {home}/state.db"}),
+                ("terminal", {"command": "f=../../../state.db; head -c 100 $f"}),
+                ("terminal", {"command": "tr '\\0' '\\n' < /proc/$PPID/environ"}),  # the gateway's keys
                 ("search_files", {"pattern": "pelican", "path": str(tmp_path)}),
                 ("read_file", {"path": "~/.ssh/id_rsa"}),  # nobody in a channel may approve the host's keys
                 ("terminal", {"command": "cat ~/.aws/credentials"}),
@@ -79,11 +81,12 @@ def test_agents_work_in_their_own_workspaces_and_never_reach_each_others(
     assert not any((tmp_path / name).exists() for name in ("notes.txt", "shell.txt", "mine.txt"))
     child_read, _ = tool_results(server.requests[5].body)
     assert child_read.startswith("blocked") and (bob_files / "from-child.txt").read_text() == "child"
-    relative, absolute, written, grep, elsewhere, database, found, key, aws, search, _ = tool_results(
-        server.requests[6].body
+    relative, absolute, written, grep, elsewhere, database, indirect, environ, found, key, aws, search, _ = (
+        tool_results(server.requests[6].body)
     )
-    refused = (relative, absolute, written, elsewhere, database, key, aws)
+    refused = (relative, absolute, written, elsewhere, database, indirect, environ, key, aws)
     assert all(r.startswith("blocked") for r in refused), refused
+    assert "state.db" in indirect and "environment of a process" in environ and TOKEN not in environ
     assert "pelican" not in grep and "[exit code" in grep  # it ran: the sandbox hides the home's contents
     assert "h=\n" in grep  # nor does the environment say where the home is
     assert found == "no matches"  # the search walked past the home's other parts

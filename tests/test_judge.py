@@ -9,7 +9,10 @@ import pytest
 from conftest import run_cli
 from loopback import Reply, ScriptedServer
 
+from mibyan.agent.interruptible import InterruptSignal
+from mibyan.tools import context
 from mibyan.tools.approval import classify_command
+from mibyan.tools.command_judge import judge
 
 HOSTILE: list[tuple[str, str]] = [
     # shells running strings, stdin and heredocs
@@ -291,6 +294,46 @@ def test_mibyan_files_are_off_limits(command: str, tmp_path: Path, monkeypatch: 
     verdict = classify_command(command)
     assert (verdict.tier, verdict.key) == ("hardline", "protected"), verdict
     assert "mibyan's own files" in verdict.reason
+
+
+#: For an agent of the gateway, whose home is sealed: a word only known when it runs is judged by the
+#: values it may take, and asked about (the gateway refuses) when it names a file.
+GATEWAY_AGENT: list[tuple[str, str, str]] = [
+    ("f=../../../state.db; cat $f", "hardline", "sealed_home"),
+    ("for f in ../../b/MEMORY.md; do sqlite3 $f .dump; done", "hardline", "sealed_home"),
+    ("x=../../../state.db; wc -c < $x", "hardline", "sealed_home"),
+    ("cat /proc/$PPID/environ", "hardline", "secret_file"),
+    ("grep -r KEY /proc/${PPID}/", "hardline", "secret_file"),
+    ("cd /proc/$PPID && cat environ", "hardline", "secret_file"),
+    ("cat a$x", "dangerous", "dynamic_path"),
+    ('cd "$d"; cat state.db', "dangerous", "dynamic_path"),
+    ("head -c 9 $(cat name)", "dangerous", "dynamic_path"),
+    ("echo $HOME h=$MIBYAN_HOME; printf %s $x; cat notes.txt", "safe", ""),
+]
+
+
+def test_a_gateway_agents_commands_name_their_files_plainly(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    folder = home / "agents" / "a"
+    workspace = folder / "workspace"
+    workspace.mkdir(parents=True)
+    bound = context.ToolContext(
+        task_id=None, signal=InterruptSignal(), home=home, workdir=workspace, agent_folder=folder
+    )
+    token = context.bind(bound)
+    try:
+        verdicts = [judge(command, home=home, cwd=workspace) for command, _, _ in GATEWAY_AGENT]
+    finally:
+        context.unbind(token)
+    assert [(v.tier, v.key) for v in verdicts] == [(tier, key) for _, tier, key in GATEWAY_AGENT]
+    assert "plainly" in verdicts[6].reason
+    # at the user's own terminal a variable is fine, but no process's environment is read unasked
+    cli = [judge(c, home=home, cwd=workspace) for c in ("cat /proc/$PPID/environ", "ls $PWD", "cat $f")]
+    assert [(v.tier, v.ask_every_time) for v in cli] == [
+        ("dangerous", True),
+        ("safe", False),
+        ("safe", False),
+    ]
 
 
 def test_inline_code_that_writes_near_mibyans_files_never_runs() -> None:

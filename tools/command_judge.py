@@ -12,10 +12,11 @@ What cannot be known before the command runs is judged for what it may be: a com
 run time (`$a`, `$(echo rm)`, `/bin/r?`) is its own kind, "dynamic_command", and the values the
 command itself offers for it (`a=rm`, `for c in rm`, `$(printf ...)`, the environment the shell
 inherits) are tried in turn, with the worst names the arguments fit (rm, dd), so that a hardline one
-is caught; a write target only known at run time asks. The judge also remembers what the command
-writes to files and the folders it cd's into, so `echo ... > x.sh; sh x.sh` is judged by the script;
-a script already on disk that it runs (`bash x.sh`, `./run`, `python3 x.py`) is read and judged by its
-text (tools/command_files.py).
+is caught; a write target only known at run time asks (and, for an agent of the gateway, any file
+argument only known at run time; a path into /proc only known at run time asks every time). The
+judge also remembers what the command writes to files and the folders it cd's into, so
+`echo ... > x.sh; sh x.sh` is judged by the script; a script already on disk that it runs
+(`bash x.sh`, `./run`, `python3 x.py`) is read and judged by its text (tools/command_files.py).
 
 A parse error or a construct the judge does not know is "ask", never "safe"; a broken tree is also
 read a second, looser way (tools/command_loose.py) so that a hardline command hidden behind a syntax
@@ -60,6 +61,17 @@ _TOO_COMPLEX = Verdict(
     "is too complex for mibyan to judge (it nests or repeats too much); split it up",
     "too_complex",
 )
+
+
+#: Commands that open no file their arguments name: a word only known when it runs is only text to them.
+_OPENS_NO_FILES = frozenset({"echo", "printf", "true", "false", "test", "[", "expr", "seq", "sleep", "exit"})
+#: A path into /proc partly only known when it runs (`/proc/$PPID/environ`): it may be the environment
+#: or memory of any process, mibyan's own (which holds its API keys) included.
+_PROCESS_FILE = re.compile(r"^/+proc(/|$)")
+
+
+def _shown(text: str) -> str:
+    return text if len(text) <= 60 else text[:60] + "…"
 
 
 class _TooComplex(Exception):
@@ -228,20 +240,21 @@ class CommandJudge:
 
     def _judge_words(self, words: list[Word], feed: Feed) -> Verdict:
         head = words[0]
-        secrets = self.secrets(words[1:])
+        opens = head.dynamic or command_name(head) not in _OPENS_NO_FILES
+        secrets = self.secrets(words[1:], opens=opens)
         if not (head.dynamic or head.pattern):
             return combine([judge_invocation(self, words, feed), *secrets])
         return combine([self._judge_dynamic(words, feed), *secrets])
 
-    def secrets(self, args: Sequence[Word]) -> list[Verdict]:
+    def secrets(self, args: Sequence[Word], *, opens: bool = True) -> list[Verdict]:
         """Arguments naming a place that holds secrets: the command asks every time, as read_file does.
-        For a gateway agent, an argument naming a part of the home not its own never runs."""
-        from mibyan.tools.path_policy import secret_reason
-
+        For a gateway agent, an argument naming a part of the home not its own never runs, and one
+        only known when it runs (`$f`, `$(...)`) asks, unless the command opens no files (`opens`)."""
         found: list[Verdict] = []
         for word in args:
             text = word.text.rpartition("=")[2] if "=" in word.text else word.text
             if word.dynamic:
+                found.extend(self._unknown(word, text, opens=opens))
                 continue
             sealed = self._sealed(text)
             if sealed is not None:
@@ -249,15 +262,46 @@ class CommandJudge:
                 continue
             if not ("/" in text or text.startswith((".env", ".netrc"))):
                 continue
-            for path in self.resolve(text):
-                reason = secret_reason(path, cwd=self.cwds[0])
-                if reason is not None:
-                    # a gateway agent's user is not the person whose secrets these are: never
-                    tier: Tier = "hardline" if self._agent_folder is not None else "dangerous"
-                    found.append(
-                        Verdict(tier, f"reads or changes {reason}", "secret_file", ask_every_time=True)
-                    )
-                    break
+            reason = self._secret_place(text)
+            if reason is not None:
+                found.append(self._secret(reason))
+        return found
+
+    def _secret_place(self, text: str) -> str | None:
+        from mibyan.tools.path_policy import secret_reason
+
+        for path in self.resolve(text):
+            reason = secret_reason(path, cwd=self.cwds[0])
+            if reason is not None:
+                return reason
+        return None
+
+    def _secret(self, reason: str) -> Verdict:
+        # a gateway agent's user is not the person whose secrets these are: never
+        tier: Tier = "hardline" if self._agent_folder is not None else "dangerous"
+        return Verdict(tier, f"reads or changes {reason}", "secret_file", ask_every_time=True)
+
+    def _unknown(self, word: Word, text: str, *, opens: bool) -> list[Verdict]:
+        """A word only known when it runs: judged by the values the command gives it, a process's
+        files under /proc whatever the process, and (for a gateway agent) asked about."""
+        if not opens:
+            return []
+        found = self.secrets([Word(guess) for guess in word.guesses[:16]])
+        if _PROCESS_FILE.match(text):
+            found.append(
+                self._secret(f"{_shown(text)}, which may be the environment of a process (API keys)")
+            )
+        elif self._agent_folder is not None:
+            reason = f"names a file only known when it runs ({_shown(text)}): a gateway agent's commands"
+            # its value may be any part of the home: each use is a new question
+            found.append(
+                Verdict(
+                    "dangerous",
+                    f"{reason} must name their files plainly",
+                    "dynamic_path",
+                    ask_every_time=True,
+                )
+            )
         return found
 
     def _sealed(self, text: str) -> str | None:

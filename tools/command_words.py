@@ -80,9 +80,9 @@ class Judge(Protocol):
         """The script file `key` is judged."""
         ...
 
-    def secrets(self, args: Sequence[Word]) -> list[Verdict]:
+    def secrets(self, args: Sequence[Word], *, opens: bool = True) -> list[Verdict]:
         """Findings for arguments naming a place that holds secrets (or, for a gateway agent, a part
-        of the home not its own)."""
+        of the home not its own, or a file only known when it runs, unless the command `opens` none)."""
         ...
 
     def run(self, words: Sequence[Word], feed: Feed = None) -> Verdict:
