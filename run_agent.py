@@ -63,6 +63,8 @@ class AIAgent(
         source: who started the session ("cli", "python", "subagent", ...), shown in `mibyan sessions`.
         yolo: run dangerous commands without asking (hardline ones never run).
         denied_tools: tools this agent may not use, on top of `tools.deny`.
+        allowed_tools: when given, the only tools this agent is offered, its MCP servers' included (on
+            top of `tools.allow`); a list without an `mcp__` name offers no MCP tool.
         http_transport: an httpx2 transport for the model calls (e.g. `httpx2.MockTransport` in tests);
             the default opens real connections.
         workspace: a folder with the agent's own SOUL.md, MEMORY.md, USER.md, skills/ and AGENTS.md, used
@@ -109,6 +111,7 @@ class AIAgent(
         source: str = "python",
         yolo: bool = False,
         denied_tools: list[str] | None = None,
+        allowed_tools: list[str] | None = None,
         http_transport: httpx2.BaseTransport | None = None,
         workspace: str | os.PathLike[str] | None = None,
         max_tool_failures: int | None = None,
@@ -136,6 +139,7 @@ class AIAgent(
             source=source,
             yolo=yolo,
             denied_tools=denied_tools,
+            allowed_tools=allowed_tools,
             http_transport=http_transport,
             workspace=workspace,
             max_tool_failures=max_tool_failures,

@@ -97,6 +97,7 @@ def init_agent(
     sandbox: Sandbox | None = None,
     provider_health: ProviderHealth | None = None,
     file_access: FileAccess | None = None,
+    allowed_tools: list[str] | None = None,
 ) -> None:
     """Wire a new AIAgent: settings, provider runtime, adapter, tools, callbacks and session."""
     from mibyan.agent.callbacks import Callbacks
@@ -160,8 +161,10 @@ def init_agent(
     )
     denied = [*settings.tools.deny, *(denied_tools or [])]
     agent.file_access = file_access
+    schemas = get_tool_definitions(settings.tools.toolsets, allow=settings.tools.allow, deny=denied)
+    only = frozenset(allowed_tools) if allowed_tools is not None else None
     agent.tools = ToolRuntime(
-        schemas=get_tool_definitions(settings.tools.toolsets, allow=settings.tools.allow, deny=denied),
+        schemas=[schema for schema in schemas if only is None or schema.name in only],
         approvals=ApprovalPolicy(
             ask=agent.callbacks.approval_callback,
             yolo=yolo,
@@ -179,7 +182,7 @@ def init_agent(
     agent.prompt = PromptState(skill_matcher=make_skill_matcher(settings))
     agent._running = threading.Lock()
     agent._closed = False
-    agent.tools.mcp = start_mcp(settings, agent, mcp_connections, deny=denied)
+    agent.tools.mcp = start_mcp(settings, agent, mcp_connections, deny=denied, only=only)
     try:
         open_session(agent, session_id, source=source)
     except BaseException:
@@ -188,10 +191,16 @@ def init_agent(
 
 
 def start_mcp(
-    settings: AgentSettings, agent: AIAgent, shared: McpConnections | None, *, deny: list[str]
+    settings: AgentSettings,
+    agent: AIAgent,
+    shared: McpConnections | None,
+    *,
+    deny: list[str],
+    only: frozenset[str] | None = None,
 ) -> McpToolset | None:
     """The agent's MCP tools: `shared` connections (a subagent's parent's), else its configured servers
-    (started in the background: see McpConnections.start); None without servers."""
+    (started in the background: see McpConnections.start); None without servers. `only`: the agent's
+    `allowed_tools`, when it has such a list."""
     if shared is None and not settings.mcp_servers:
         return None
     from mibyan.tools.mcp_connections import McpConnections
@@ -210,6 +219,7 @@ def start_mcp(
         default_timeout=settings.agent.tool_timeout,
         allow=settings.tools.allow,
         deny=deny,
+        only=only,
     )
 
 

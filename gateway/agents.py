@@ -214,10 +214,10 @@ class AgentInstance:
             home=self.home,
             source="gateway",
             yolo=False,
-            denied_tools=[
-                *(tools.deny if not tools.allow else self._denied_by_allow_list()),
-                *self._offline_tools(),
-            ],
+            denied_tools=[*tools.deny, *self._offline_tools()],
+            # its allow list names all it is offered, MCP tools included: a server it names offers
+            # only the tools the list names (none when it names no `mcp__` tool)
+            allowed_tools=list(tools.allow) if tools.allow else None,
             workspace=self.workspace,
             workdir=self.workdir,
             sandbox=self.sandbox(),
@@ -315,12 +315,3 @@ class AgentInstance:
             network = "on" if isolation.network else "off"
             lines.append(f"- Your commands see only this folder and an empty /tmp; the network is {network}.")
         return lines
-
-    def _denied_by_allow_list(self) -> list[str]:
-        """An allow-list is applied as "deny everything else", next to the agent's own deny list."""
-        from model_tools import get_tool_definitions
-
-        toolsets = self.entry.tools.toolsets or list(self.settings.tools.toolsets)
-        names = [schema.name for schema in get_tool_definitions(toolsets)]
-        allowed = set(self.entry.tools.allow)
-        return [*self.entry.tools.deny, *(name for name in names if name not in allowed)]

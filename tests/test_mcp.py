@@ -200,7 +200,7 @@ def test_a_call_times_out_or_is_interrupted_and_the_server_stays_usable(
     assert tool_results(after)[-1] == "still here"
 
 
-def test_subagents_share_the_parents_server_and_approvals_and_a_server_that_exits_is_left_out(
+def test_subagents_share_the_parents_server_approvals_and_denials_and_a_server_that_exits_is_left_out(
     server: ScriptedServer, make_agent: Callable[..., Any], tmp_path: Path
 ) -> None:
     def note(name: str) -> tuple[str, dict[str, Any]]:
@@ -224,12 +224,16 @@ def test_subagents_share_the_parents_server_and_approvals_and_a_server_that_exit
     servers = {"py": {"command": sys.executable, "args": [SERVER_SCRIPT]}}
     with make_agent(
         mcp_servers=servers,
+        denied_tools=["mcp__py__echo"],
         approval_callback=lambda command, reason: asked.append(command) or "session",
         status_callback=lambda kind, text: notes.append(text),
     ) as agent:
         result = agent.run_conversation("go")
         pid = agent.tools.mcp.connections.servers["py"].pid
     _wrote, parent_pid, report, crashed, after = tool_results(result)
+    child_request = next(i for i, r in enumerate(server.requests) if "Task: " in str(r.body["messages"]))
+    assert {"mcp__py__note", "mcp__py__pid"} <= set(offered(server, child_request))
+    assert "mcp__py__echo" not in offered(server, 0) | offered(server, child_request)  # denied to both
     assert parent_pid == str(pid) and f"'{pid}'" in report  # one process served both agents
     assert (tmp_path / "child").read_text() == "child" and len(asked) == 1  # the session's answer held
     assert crashed == "error: MCP server 'py': MCPError: Connection closed"

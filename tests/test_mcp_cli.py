@@ -127,6 +127,7 @@ def test_a_gateway_agents_runs_share_one_server_stopped_with_the_gateway(
     tag = uuid.uuid4().hex
     mcp = {"py": {"command": sys.executable, "args": [str(SERVER_SCRIPT)], "env": {"MIBYAN_TEST_TAG": tag}}}
     agent = {"id": "meepa", "default": True, "provider": "local", "mcp_servers": ["py"]}
+    agent["tools"] = {"allow": ["read_file", "mcp__py__pid"]}  # all it is offered, MCP tools included
     write_gateway_config(home, {"local": server.base_url}, [agent], extra={"mcp_servers": mcp})
     for _ in ("ann", "ben"):
         server.add(Reply(tool_calls=[("mcp__py__pid", {})]), Reply(text="done"))
@@ -139,6 +140,8 @@ def test_a_gateway_agents_runs_share_one_server_stopped_with_the_gateway(
         assert gateway.terminate() == 0
     pids = [m["content"] for r in server.requests for m in r.body["messages"] if m["role"] == "tool"]
     assert len(pids) == 2 and pids[0] == pids[1] == str(running[0]) and len(running) == 1
+    offered = [{tool["function"]["name"] for tool in r.body["tools"]} for r in server.requests]
+    assert offered[0] == offered[2] == {"read_file", "mcp__py__pid"}
     assert wait_for(lambda: not tagged_processes(tag))
 
 

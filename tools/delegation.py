@@ -59,15 +59,12 @@ def _tasks(args: dict[str, Any]) -> list[dict[str, str]]:
 
 
 def _make_child(parent: AgentCore, label: str) -> AIAgent:
-    from model_tools import get_tool_definitions
     from run_agent import AIAgent
 
     delegation = parent.settings.delegation
     depth = parent.delegation_depth + 1
     denied = [name for name in _ALWAYS_DENIED if name not in delegation.allow_tools]
     toolsets = list(parent.settings.tools.toolsets)
-    given = {schema.name for schema in parent.tools.schemas}
-    denied += [schema.name for schema in get_tool_definitions(toolsets) if schema.name not in given]
     if depth >= delegation.max_depth:
         denied.append("delegate_task")
     runtime = parent.provider.runtime
@@ -92,6 +89,8 @@ def _make_child(parent: AgentCore, label: str) -> AIAgent:
         source="subagent",
         yolo=parent.tools.approvals.yolo,
         denied_tools=denied,
+        # none its parent is not offered, its MCP servers' included: a denied tool stays denied
+        allowed_tools=[schema.name for schema in parent.tools.schemas],
         tool_progress_callback=progress,
         status_callback=status,
         approval_callback=parent.tools.approvals.answer_from_session,

@@ -118,6 +118,8 @@ class McpToolset:
         signal: the agent's interrupt signal (the first request's wait ends on it).
         default_timeout: seconds per call for a server without `timeout` (`agent.tool_timeout`).
         allow: when not empty, only these tools (`tools.allow`); deny: never these.
+        only: when given, none but these (the agent's own allow list: a gateway agent's, a subagent's
+            parent's offer), even when empty.
     """
 
     def __init__(
@@ -129,12 +131,14 @@ class McpToolset:
         default_timeout: float,
         allow: Iterable[str] = (),
         deny: Iterable[str] = (),
+        only: Iterable[str] | None = None,
     ) -> None:
         self.connections = connections
         self.owned = owned
         self._signal = signal
         self._default_timeout = default_timeout
         self._allow, self._deny = set(allow), set(deny)
+        self._only = frozenset(only) if only is not None else None
         self._changed = threading.Event()
         self._changed.set()
         self._waited = False
@@ -176,6 +180,8 @@ class McpToolset:
             for tool in selected(state.tools, state.settings):
                 name = tool_name(state.name, tool.name, specs)
                 if name in self._deny or (self._allow and name not in self._allow):
+                    continue
+                if self._only is not None and name not in self._only:
                     continue
                 specs[name] = self._spec(state, tool, name)
         return specs
