@@ -274,13 +274,16 @@ def test_the_editors_mcp_servers_join_the_session_beside_the_users_own(
     literal = [EnvVariable(name="MIBYAN_SEEN", value="${HOME}")]  # the editor's words, not mibyan's $HOME
     server = McpServerStdio(name="py tools", command=sys.executable, args=[script], env=literal)
     streamed = SseMcpServer(type="sse", name="old-style", url="http://127.0.0.1:9/sse", headers=[])
+    note = ("mcp__py-tools-2__note", {"path": str(project / "noted"), "text": "by the editor's server"})
     loopback.add(
         Reply(
             tool_calls=[
                 ("mcp__py-tools-2__echo", {"text": "said by the editor's server"}),
                 ("mcp__py-tools-2__variable", {"name": "MIBYAN_SEEN"}),
+                note,
             ]
         ),
+        Reply(tool_calls=[note]),
         Reply(text="Echoed."),
     )
     config = acp_home / "config.yaml"
@@ -288,18 +291,27 @@ def test_the_editors_mcp_servers_join_the_session_beside_the_users_own(
     # the user's own server of the same name, trusted with `allow` and a secret: the editor's must not
     # take it over (it would run under that approval, with that env)
     own = {"command": sys.executable, "args": [script], "approval": "allow", "env": {"MIBYAN_SECRET": "x"}}
-    config.write_text(yaml.safe_dump({**yaml.safe_load(before), "mcp_servers": {"py-tools": own}}))
+    # and an "always" given to another server of that name earlier is not the editor's server's
+    earlier = {"always": ["mcp__py-tools-2__note"]}
+    config.write_text(
+        yaml.safe_dump({**yaml.safe_load(before), "mcp_servers": {"py-tools": own}, "approvals": earlier})
+    )
+    editor.editor.answers = ["always"]
+    questions = len(editor.editor.permission_requests)
     try:
         session = editor.new_session(project, mcp_servers=[server, streamed])
     finally:
         config.write_text(before)
     assert editor.prompt(session, "echo it") == "end_turn"
 
+    # asked once, "always" held for the session only: never saved for the next server of that name
+    assert len(editor.editor.permission_requests) == questions + 1
+    assert "mcp__py-tools-2" not in config.read_text() and (project / "noted").exists()
     offered = {tool["function"]["name"] for tool in loopback.requests[-2].body["tools"]}
     assert {"mcp__py-tools__echo", "mcp__py-tools-2__echo"} <= offered
 
     updates = editor.editor.of(session)
-    call, _ = _tool_calls(updates).values()
+    call, *_ = _tool_calls(updates).values()
     assert kinds(call)[-1] == "tool_call_update:completed"
     assert "said by the editor's server" in call[-1].content[0].content.text
     results = [m["content"] for m in loopback.requests[-1].body["messages"] if m["role"] == "tool"]

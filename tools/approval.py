@@ -52,9 +52,18 @@ OUTSIDE_SANDBOX_REASON = "runs outside the sandbox"
 _MCP_SUBJECT = re.compile(r"MCP server ([A-Za-z0-9_-]+) › (mcp__[A-Za-z0-9_-]+)\n")
 
 
-def mcp_verdict(server: str, name: str) -> Verdict:
+#: The end of the key of an editor's MCP server's tool: approved for a session at most, never saved, so
+#: that a later server taking the same name (another editor's, another project's) inherits nothing.
+EDITOR_KEY = "@editor"
+
+
+def mcp_verdict(server: str, name: str, *, editor: bool = False) -> Verdict:
     """The verdict of a call of the MCP tool `name` (mibyan's name for it) of `server`: ask, keyed by
-    the tool, so that a "session" answer covers that tool of that server."""
+    the tool, so that a "session" answer covers that tool of that server. `editor`: the server is one
+    an editor handed over (`mibyan acp`)."""
+    if editor:
+        reason = f"runs {name}, a tool of the editor's MCP server {server!r}"
+        return Verdict("dangerous", reason, name + EDITOR_KEY)
     return Verdict("dangerous", f"runs {name}, a tool of the MCP server {server!r}", name)
 
 
@@ -113,9 +122,9 @@ class ApprovalPolicy:
     """Decides whether a dangerous command may run: --yolo, earlier answers, or asking the user.
 
     "session" answers last for this agent; "always" answers are saved in the user's config.yaml under
-    `approvals.always`. Without a callback (and without --yolo) the answer is deny, and the result says
-    why nobody was asked: `unasked` (the gateway sets its own). A user who does not answer within
-    `timeout` seconds has denied.
+    `approvals.always`, except for the tools of an editor's MCP server (for the session only). Without a
+    callback (and without --yolo) the answer is deny, and the result says why nobody was asked:
+    `unasked` (the gateway sets its own). A user who does not answer within `timeout` seconds has denied.
     """
 
     #: Why nobody could be asked, for the refusal's result (the gateway's differs from the terminal's).
@@ -132,7 +141,7 @@ class ApprovalPolicy:
     ) -> None:
         self._ask = ask
         self.yolo = yolo
-        self._approved = set(always)
+        self._approved = {key for key in always if not key.endswith(EDITOR_KEY)}
         self._timeout = timeout
         self._save_always = save_always
         self._lock = threading.Lock()
@@ -157,7 +166,7 @@ class ApprovalPolicy:
                 return True, "approved by user (this once)"
             if answer in ("session", "always"):
                 self._approved.add(verdict.key)
-            if answer == "always":
+            if answer == "always" and not verdict.key.endswith(EDITOR_KEY):
                 self._save_always(verdict.key)
         if answer == "deny":
             return False, f"denied by user: the command was not run ({verdict.reason})"
@@ -177,9 +186,12 @@ class ApprovalPolicy:
         if reason.startswith(OUTSIDE_SANDBOX_REASON):
             return "deny"
         mcp = _MCP_SUBJECT.match(command)
-        if mcp is not None and reason == mcp_verdict(mcp.group(1), mcp.group(2)).reason:
-            # an MCP tool's call (the reason is mibyan's own, never a command's): approved if that tool was
-            return "once" if covered(mcp.group(2), self._approved) else "deny"
+        server, name = mcp.groups() if mcp is not None else ("", "")
+        for editor in (False, True) if mcp is not None else ():
+            asked = mcp_verdict(server, name, editor=editor)
+            if reason == asked.reason:
+                # an MCP tool's call (the reason is mibyan's own, never a command's): approved if it was
+                return "once" if covered(asked.key, self._approved) else "deny"
         # the same judgement as the question's, so a file tool's question cannot borrow a command's grant
         verdict = classify_command(command)
         approved = verdict.needs_approval and covered(verdict.key, self._approved)

@@ -96,8 +96,8 @@ def _subject(server: str, name: str) -> Callable[[dict[str, Any]], str]:
     return subject
 
 
-def _ask(server: str, name: str) -> Callable[[dict[str, Any]], Verdict]:
-    verdict = mcp_verdict(server, name)
+def _ask(server: str, name: str, *, editor: bool) -> Callable[[dict[str, Any]], Verdict]:
+    verdict = mcp_verdict(server, name, editor=editor)
     return lambda args: verdict
 
 
@@ -209,7 +209,8 @@ class McpToolset:
             toolset="mcp",
             handler=call,
             schema=ToolSchema(name=name, description=description, parameters=_parameters(tool.input_schema)),
-            dangerous=_ask(server, name) if needs_asking else None,
+            # a server taken literally is an editor's (see mibyan.editors.servers)
+            dangerous=_ask(server, name, editor=settings.literal) if needs_asking else None,
             subject=_subject(server, name),
             timeout=timeout + _EXECUTOR_GRACE,
         )
