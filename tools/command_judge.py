@@ -256,22 +256,24 @@ class CommandJudge:
             if word.dynamic:
                 found.extend(self._unknown(word, text, opens=opens))
                 continue
-            sealed = self._sealed(text)
+            sealed = self._sealed(text, pattern=word.pattern)
             if sealed is not None:
                 found.append(Verdict("hardline", f"reads or changes {sealed}", "sealed_home"))
                 continue
             if not ("/" in text or text.startswith((".env", ".netrc"))):
                 continue
-            reason = self._secret_place(text)
+            reason = self._secret_place(text, pattern=word.pattern)
             if reason is not None:
                 found.append(self._secret(reason))
         return found
 
-    def _secret_place(self, text: str) -> str | None:
-        from mibyan.tools.path_policy import secret_reason
+    def _secret_place(self, text: str, *, pattern: bool) -> str | None:
+        from mibyan.tools.path_policy import secret_pattern_reason, secret_reason
 
         for path in self.resolve(text):
             reason = secret_reason(path, cwd=self.cwds[0])
+            if reason is None and pattern:  # `~/.ss?/id_*` is ~/.ssh/id_rsa when it runs
+                reason = secret_pattern_reason(path)
             if reason is not None:
                 return reason
         return None
@@ -304,16 +306,22 @@ class CommandJudge:
             )
         return found
 
-    def _sealed(self, text: str) -> str | None:
-        """For a gateway agent, why a word naming a part of the home not its own is refused."""
+    def _sealed(self, text: str, *, pattern: bool = False) -> str | None:
+        """For a gateway agent, why a word naming a part of the home not its own is refused (a glob,
+        when it may match one: `/tmp/*/.mibyan/state.db`)."""
+        from mibyan.tools.path_policy import may_reach
         from mibyan.tools.protected import sealed_reason
 
         if self._agent_folder is None or not text:
             return None
+        homes = {self.home, Path(os.path.realpath(self.home))}
         for path in self.resolve(text):
             sealed = sealed_reason(path, home=self.home, agent_folder=self._agent_folder)
             if sealed is not None:
                 return sealed
+            own = str(path).startswith(str(self._agent_folder) + "/")
+            if pattern and not own and any(may_reach(path, home) for home in homes):
+                return f"{path}, which may name a part of mibyan's home ({self.home}) not its own"
         return None
 
     def _judge_dynamic(self, words: list[Word], feed: Feed) -> Verdict:

@@ -21,6 +21,7 @@ An isolated agent's tools touch nothing outside its workspace at all.
 
 from __future__ import annotations
 
+import fnmatch
 import functools
 import os
 import tempfile
@@ -150,6 +151,34 @@ def secret_reason(path: Path, *, cwd: Path) -> str | None:
     """
     plain, target = _both_forms(path)
     return _secret_place(target, plain, cwd=cwd)
+
+
+def may_reach(pattern: Path, place: Path) -> bool:
+    """Whether the absolute glob `pattern` (`~/.ss?/id_*`) may name `place` or a path inside it: its first
+    parts match those of `place`, one by one, as bash matches them (a `*` never crosses a `/`, nor
+    matches a name starting with a dot)."""
+    mine, theirs = pattern.parts, place.parts
+    if len(mine) < len(theirs):
+        return False
+    return all(
+        fnmatch.fnmatchcase(name, glob) and (glob.startswith(".") or not name.startswith("."))
+        for name, glob in zip(theirs, mine[: len(theirs)], strict=True)
+    )
+
+
+def secret_pattern_reason(pattern: Path) -> str | None:
+    """What secret a glob pattern may name (`~/.ss?/id_*`, `/proc/*/envir?n`), or None."""
+    for place, roots, what in _secret_roots(Path.home()):
+        if any(may_reach(pattern, root) for root in roots):
+            return f"{_tilde(place)}, which holds {what}"
+    last = pattern.name
+    if (
+        len(pattern.parts) >= 4
+        and may_reach(pattern, Path("/proc"))
+        and fnmatch.filter(("environ", "mem"), last)
+    ):
+        return f"{pattern}, the memory or environment of a process, which may hold API keys"
+    return None
 
 
 def _starts_by_itself(target: Path, plain: Path) -> bool:
