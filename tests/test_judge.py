@@ -306,6 +306,8 @@ GATEWAY_AGENT: list[tuple[str, str, str]] = [
     ("grep -r KEY /proc/${PPID}/", "hardline", "secret_file"),
     ("cd /proc/$PPID && cat environ", "hardline", "secret_file"),
     ("cat ../../../../*/state.db", "hardline", "sealed_home"),  # a glob reaching the home from above
+    ("cat /proc/self/cwd/../../../state.db", "hardline", "secret_file"),
+    ("grep -r KEY ../../../..", "dangerous", "above_home"),  # no sandbox hides the home from it here
     ("cat a$x", "dangerous", "dynamic_path"),
     ('cd "$d"; cat state.db', "dangerous", "dynamic_path"),
     ("head -c 9 $(cat name)", "dangerous", "dynamic_path"),
@@ -327,11 +329,11 @@ def test_a_gateway_agents_commands_name_their_files_plainly(tmp_path: Path) -> N
     finally:
         context.unbind(token)
     assert [(v.tier, v.key) for v in verdicts] == [(tier, key) for _, tier, key in GATEWAY_AGENT]
-    assert "plainly" in verdicts[7].reason
+    assert "plainly" in verdicts[9].reason
     # at the user's own terminal a variable is fine, but no process's environment or key is read unasked
-    commands = ("cat /proc/$PPID/environ", "cat /proc/*/envir?n", "cat ~/.ss?/id_*", "ls $PWD ~/*", "cat $f")
-    cli = [judge(c, home=home, cwd=workspace) for c in commands]
-    assert [(v.tier, v.ask_every_time) for v in cli] == [("dangerous", True)] * 3 + [("safe", False)] * 2
+    commands = ["cat /proc/$PPID/environ", "cat /proc/*/envir?n", "cat ~/.ss?/id_*", "cat /proc/1/root/x"]
+    cli = [judge(c, home=home, cwd=workspace) for c in [*commands, "ls $PWD ~/*", "grep -r KEY /"]]
+    assert [(v.tier, v.ask_every_time) for v in cli] == [("dangerous", True)] * 4 + [("safe", False)] * 2
 
 
 def test_inline_code_that_writes_near_mibyans_files_never_runs() -> None:

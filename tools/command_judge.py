@@ -68,6 +68,11 @@ _OPENS_NO_FILES = frozenset({"echo", "printf", "true", "false", "test", "[", "ex
 #: A path into /proc partly only known when it runs (`/proc/$PPID/environ`): it may be the environment
 #: or memory of any process, mibyan's own (which holds its API keys) included.
 _PROCESS_FILE = re.compile(r"^/+proc(/|$)")
+#: A path through a process's own links (`/proc/self/cwd/../..`, `/proc/1/root/...`, `/dev/fd/3/...`):
+#: they lead where that process's folders are, which the judge cannot see from here.
+_PROCESS_LINK = re.compile(
+    r"(^|/)proc/+[^/]+/+(task/+[^/]+/+)?(cwd|root|map_files|fd/+[^/]+/+[^/])|(^|/)dev/+fd/+[^/]+/+[^/]"
+)
 
 
 def _shown(text: str) -> str:
@@ -116,6 +121,10 @@ class CommandJudge:
         # (where they run) all of it they may write
         self._agent_folder = bound.agent_folder if bound is not None else None
         self._writable = bound.workdir if self._agent_folder is not None and bound is not None else None
+        # where bubblewrap hides the home from its commands, a folder above the home holds nothing of it
+        sandbox = bound.sandbox if bound is not None else None
+        self._home_hidden = sandbox is not None and sandbox.active and sandbox.backend == "bubblewrap"
+        self._home_hidden &= sandbox is not None and Path(os.path.realpath(home)) in sandbox.hidden
         self.cwd = cwd
         self.cwds: list[Path] = [cwd]
         self.cwd_unknown = False
@@ -260,7 +269,13 @@ class CommandJudge:
             if sealed is not None:
                 found.append(Verdict("hardline", f"reads or changes {sealed}", "sealed_home"))
                 continue
+            above = self._above_home(text) if opens else None
+            if above is not None:
+                found.append(above)
             if not ("/" in text or text.startswith((".env", ".netrc"))):
+                continue
+            if _PROCESS_LINK.search(text):
+                found.append(self._secret(f"{_shown(text)}, a path through a process's links to anywhere"))
                 continue
             reason = self._secret_place(text, pattern=word.pattern)
             if reason is not None:
@@ -305,6 +320,21 @@ class CommandJudge:
                 )
             )
         return found
+
+    def _above_home(self, text: str) -> Verdict | None:
+        """For a gateway agent whose commands see the home, a folder above it (`/`, `/tmp/*`): what
+        reads all of it (`grep -r`, `find`, `tar`) would read the home, so it asks every time."""
+        from mibyan.tools.path_policy import may_reach
+
+        if self._agent_folder is None or self._home_hidden:
+            return None
+        homes = {Path(os.path.normpath(self.home)), Path(os.path.realpath(self.home))}
+        for path in self.resolve(text):
+            depth = len(path.parts)
+            if any(depth < len(h.parts) and may_reach(path, Path(*h.parts[:depth])) for h in homes):
+                reason = f"reads {_shown(str(path))}, which holds mibyan's home, and no sandbox hides it here"
+                return Verdict("dangerous", reason, "above_home", ask_every_time=True)
+        return None
 
     def _sealed(self, text: str, *, pattern: bool = False) -> str | None:
         """For a gateway agent, why a word naming a part of the home not its own is refused (a glob,
