@@ -76,8 +76,8 @@ def serving(store: SessionStore) -> Iterator[int]:
     """The viewer on a loopback port, as `mibyan web` runs it, in a thread; yields the port."""
     import uvicorn
 
+    from mibyan.gateway.net import listen_on
     from mibyan.web.app import create_app
-    from mibyan.web.serve import listen_on
 
     listener = listen_on("127.0.0.1", 0)
     app = create_app(store, token="t", cookie="c")

@@ -12,12 +12,13 @@ page run only the viewer's own script and load nothing from elsewhere.
 from __future__ import annotations
 
 import hmac
-import ipaddress
 import re
 from urllib.parse import parse_qsl, quote, urlencode
 
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from mibyan.gateway.net import is_loopback_host
 
 CONTENT_SECURITY_POLICY = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
@@ -33,16 +34,6 @@ _HEADERS = [
 ]
 _HOST = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+)(?::[0-9]{1,5})?$")
 _REFUSED = b"403: open the address 'mibyan web' printed (it carries the token), on this machine\n"
-
-
-def is_loopback_host(host: str) -> bool:
-    """Whether a Host header's host (a name or an address, without the port) is this machine only."""
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 def host_of(header: str) -> str:

@@ -23,22 +23,7 @@ from mibyan.agent.errors import MibyanError
 from mibyan.cli.exit_codes import EXIT_ERROR, EXIT_OK, EXIT_USAGE
 from mibyan.cli.sanitize import visible
 from mibyan.config.paths import mibyan_home
-from mibyan.web.guard import is_loopback_host
-
-
-def listen_on(host: str, port: int) -> socket.socket:
-    """A listening TCP socket; MibyanError (one line) when the address cannot be had."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    # IPPROTO_TCP named so asyncio sets TCP_NODELAY (else small replies wait for a delayed ACK)
-    listener = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        listener.bind((host, port))
-    except OSError as exc:
-        listener.close()
-        raise MibyanError(f"cannot listen on {host}:{port} ({exc.strerror or exc})") from None
-    listener.listen(128)
-    return listener
+from mibyan.gateway.net import is_loopback_host, listen_on
 
 
 class _Server(uvicorn.Server):

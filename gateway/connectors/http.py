@@ -12,11 +12,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
-import ipaddress
 import json
 import logging
 import os
-import socket
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -43,20 +41,11 @@ from mibyan.gateway.connectors.http_requests import (
     read_body,
 )
 from mibyan.gateway.ledger import Reply
+from mibyan.gateway.net import is_loopback_host, listen_on
 from mibyan.gateway.runner import Gateway
 from mibyan.gateway.work import Inbound, Outcome, ShuttingDown, UnknownAgent
 
 log = logging.getLogger("mibyan.gateway")
-
-
-def is_loopback_host(host: str) -> bool:
-    """Whether `host` is reachable from this machine only (127.0.0.0/8, ::1, localhost)."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def read_token(settings: ConnectorSettings, env: dict[str, str] | os._Environ[str]) -> str:
@@ -162,7 +151,9 @@ class HttpConnector:
             lifespan="off",
             timeout_graceful_shutdown=int(self.gateway.settings.gateway.shutdown_grace) + 5,
         )
-        listener = self._listen()
+        listener = listen_on(
+            self.settings.host, self.settings.port, error=ConfigError, who=f"connector '{self.name}': "
+        )
         self._port = listener.getsockname()[1]
         self._server = _Server(config)
         self._task = asyncio.create_task(self._server.serve(sockets=[listener]))
@@ -171,24 +162,6 @@ class HttpConnector:
                 self._task.result()  # raises what stopped it
                 raise ConfigError(f"connector '{self.name}': cannot listen on {self.settings.host}")
             await asyncio.sleep(0.01)
-
-    def _listen(self) -> socket.socket:
-        """The listening socket, bound here so that a taken port is one clear line (exit 2)."""
-        host, port = self.settings.host, self.settings.port
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        # IPPROTO_TCP named, not 0: asyncio sets TCP_NODELAY only on sockets that say they are TCP, and
-        # without it every reply waits ~40 ms for the client's delayed ACK
-        listener = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            listener.bind((host, port))
-        except OSError as exc:
-            listener.close()
-            raise ConfigError(
-                f"connector '{self.name}': cannot listen on {host}:{port} ({exc.strerror or exc})"
-            ) from None
-        listener.listen(128)
-        return listener
 
     async def stop(self) -> None:
         if self._server is not None and self._task is not None:
