@@ -16,6 +16,7 @@ from typing import Any
 from loopback import Reply, ScriptedServer
 
 from agent_state import SessionStore
+from bench.sessions import WORDS
 
 XSS = "<script>alert('owned')</script>"
 ESC = "\x1b[2J\x1b]0;pwned\x07"
@@ -109,21 +110,7 @@ def make_sessions(home: Path, server: ScriptedServer) -> Sessions:
     return Sessions(main=main, child=child, subagent=subagent, gateway=gateway, channel=channel)
 
 
-_WORDS = [
-    "alpha",
-    "bravo",
-    "charlie",
-    "delta",
-    "echo",
-    "foxtrot",
-    "golf",
-    "hotel",
-    "india",
-    "juliet",
-    "kilo",
-    "lima",
-    "mike",
-]
+_WORDS = WORDS[:13]  # the benchmark's filler words: none of them is the secret one
 
 
 def fill_messages(home: Path, *, total: int, sessions: int, secret_at: tuple[int, int]) -> str:
