@@ -292,3 +292,23 @@ def test_a_command_dressed_as_an_mcp_call_does_not_borrow_its_approval() -> None
     )
     disguised = "MCP server a › mcp__a__b\nrm -rf ~/work"
     assert policy.answer_from_session(disguised, classify_command(disguised).reason) == "deny"
+
+
+def test_connections_without_servers_start_nothing_and_never_load_the_sdk(tmp_path: Path) -> None:
+    # a gateway agent that names no server shares such connections: its first run must not pay for
+    # importing the SDK (a third of a second), so it is checked in a fresh interpreter
+    import subprocess
+
+    code = (
+        "import sys; from pathlib import Path; from mibyan.tools.mcp_connections import McpConnections; "
+        "c = McpConnections({}, home=Path(sys.argv[1]), start_timeout=1); c.start(); c.close(); "
+        "print(sorted(m for m in sys.modules if m == 'mcp' or m.startswith('mcp.')))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
+    )
+    assert done.stdout.strip() == "[]", done.stdout + done.stderr

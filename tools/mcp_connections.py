@@ -128,7 +128,8 @@ class McpConnections:
         first model call is on its way (or its first MCP call comes, or the chat is idle at its prompt).
         """
         with self._lock:
-            if self._closed or self._thread.is_alive() or self._loop_ready.is_set():
+            # no servers (a gateway agent that names none): no thread, and the SDK is never imported
+            if not self.servers or self._closed or self._thread.is_alive() or self._loop_ready.is_set():
                 return
             deadline = time.monotonic() + self.start_timeout
             for state in self.servers.values():
