@@ -216,6 +216,9 @@ def test_permissions_rejected_granted_always_and_withdrawn_by_a_cancel(
     editor.cancel(other)
     assert pending.result(10) == "cancelled"
     assert (project / "withdrawn" / "file").exists()
+    with SessionStore.open(acp_home) as store:
+        withdrawn = [m["content"] for m in store.load_messages(other) if m["role"] == "tool"][-1]
+    assert withdrawn.startswith("not run: the turn was stopped before the question was answered")
 
 
 def test_load_replays_an_editor_session_and_continues_it_but_refuses_other_sessions(

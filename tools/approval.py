@@ -169,6 +169,11 @@ class ApprovalPolicy:
             if answer == "always" and not verdict.key.endswith(EDITOR_KEY):
                 self._save_always(verdict.key)
         if answer == "deny":
+            from mibyan.tools import context
+
+            if context.stop_requested():  # the question was withdrawn, not answered: say so in the history
+                why = "the turn was stopped before the question was answered"
+                return False, f"not run: {why} ({verdict.reason})"
             return False, f"denied by user: the command was not run ({verdict.reason})"
         return True, f"approved by user ({answer})"
 
