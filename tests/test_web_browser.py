@@ -118,6 +118,7 @@ def test_browse_search_unfold_and_watch_a_session_in_a_real_browser(
         store.append_message(sessions.child, {"role": "user", "content": f"said while you watch {XSS}"})
     arrived = page.locator("li.msg", has_text="said while you watch")
     arrived.wait_for(timeout=15_000)
+    assert "1 new since this page was drawn" in page.locator("#live-status").inner_text()  # totals: as drawn
     arrived.scroll_into_view_if_needed()
     page.screenshot(path=shots / "live.png")
     assert dialogs == [] and complaints == []

@@ -47,8 +47,13 @@ function listen(list) {
   const status = document.getElementById("live-status");
   const source = new EventSource(list.dataset.live);
   source.addEventListener("open", () => { status.textContent = "live: new messages appear here"; });
+  let arrived = 0;
   source.addEventListener("message", (event) => {
     appendNew(list, JSON.parse(event.data).html);
+    // the header's totals and the chart were drawn with the page: say so rather than leave them stale
+    arrived += 1;
+    status.textContent = `live: ${arrived} new since this page was drawn; the totals and the chart above ` +
+      "count up to then (reload for the new ones)";
   });
   source.addEventListener("result", (event) => {
     const data = JSON.parse(event.data);
