@@ -22,12 +22,9 @@ def _check_configuration(args: argparse.Namespace) -> None:
     """Fail at start, not at the editor's first session, on a broken config or a missing key."""
     from mibyan.agent.providers import resolve_runtime
     from mibyan.config.loader import load_settings, mibyan_home
-    from model_tools import check_tool_selection
 
     home = mibyan_home()
     settings = load_settings(home=home)
-    if args.toolsets is not None:
-        check_tool_selection(args.toolsets, where="--toolsets")
     resolve_runtime(
         settings,
         provider=args.provider or settings.model.provider,
@@ -46,12 +43,13 @@ def run_acp(args: argparse.Namespace) -> int:
 
     protocol_fd = reserve_stdout()
     from mibyan.agent.errors import ConfigError, MibyanError
+    from mibyan.cli.chat import toolsets_of
     from mibyan.cli.logs import setup_logging
     from mibyan.cli.sanitize import visible
     from mibyan.config.paths import mibyan_home, prepare_home
 
-    args.toolsets = [t.strip() for t in args.toolsets.split(",") if t.strip()] if args.toolsets else None
     try:
+        args.toolsets = toolsets_of(args)
         prepare_home(mibyan_home())
         _check_configuration(args)
     except ConfigError as exc:

@@ -67,6 +67,17 @@ def _prepare_home() -> None:
         sys.stderr.write(f"mibyan: made {', '.join(tightened)} private, so only you can read your sessions\n")
 
 
+def toolsets_of(args: argparse.Namespace) -> list[str] | None:
+    """The toolsets `--toolsets a,b` names (None: the configured ones); ConfigError for an unknown one."""
+    if not args.toolsets:
+        return None
+    from model_tools import check_tool_selection
+
+    toolsets = [name.strip() for name in args.toolsets.split(",") if name.strip()]
+    check_tool_selection(toolsets, where="--toolsets")
+    return toolsets
+
+
 def make_agent(
     args: argparse.Namespace,
     callbacks: dict[str, Any],
@@ -81,11 +92,7 @@ def make_agent(
     from run_agent import AIAgent
 
     setup_logging(mibyan_home())
-    toolsets = [t.strip() for t in args.toolsets.split(",") if t.strip()] if args.toolsets else None
-    if toolsets is not None:
-        from model_tools import check_tool_selection
-
-        check_tool_selection(toolsets, where="--toolsets")
+    toolsets = toolsets_of(args)
     return AIAgent(
         model=model or args.model,
         provider=args.provider,
