@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -146,3 +147,12 @@ def run_in_background(agent: Any, prompt: str) -> tuple[threading.Thread, dict[s
     worker = threading.Thread(target=lambda: outcome.update(agent.run_conversation(prompt)))
     worker.start()
     return worker, outcome
+
+
+def wait_until(condition: Callable[[], Any], timeout: float = 30.0) -> Any:
+    """Poll `condition` until it holds (for what only shows from outside: a process gone, a line logged)
+    or `timeout` seconds pass; returns its last value."""
+    deadline = time.monotonic() + timeout
+    while not (value := condition()) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return value

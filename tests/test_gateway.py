@@ -7,11 +7,10 @@ import json
 import shutil
 import socket
 import threading
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,7 @@ from typing import Any
 import openai
 import pytest
 import yaml
-from conftest import run_cli
+from conftest import run_cli, wait_until
 from gatewaying import TOKEN, RunningGateway, write_config
 from loopback import Reply, ScriptedServer
 
@@ -66,15 +65,6 @@ def recorded_messages(home: Path) -> int:
         return int(store.query("SELECT count(*) FROM gateway_inbox")[0][0])
     finally:
         store.close()
-
-
-def wait_until(condition: Callable[[], bool], timeout: float = 30) -> bool:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
 
 
 def test_each_agent_reaches_its_own_model_with_its_own_persona(home: Path) -> None:

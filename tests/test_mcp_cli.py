@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ROOT, run_cli
+from conftest import ROOT, run_cli, wait_until
 from gatewaying import RunningGateway
 from gatewaying import write_config as write_gateway_config
 from loopback import Reply, ScriptedServer
@@ -114,11 +114,11 @@ def test_no_server_outlives_a_killed_cli(server: ScriptedServer, home: Path) -> 
         start_new_session=True,  # its own process group, killed whole below
     )
     try:
-        servers = wait_for(lambda: len(tagged_processes(tag)) == 2)
+        servers = wait_until(lambda: len(tagged_processes(tag)) == 2)
     finally:
         os.killpg(cli.pid, signal.SIGKILL)
         cli.wait(30)
-    assert servers and wait_for(lambda: not tagged_processes(tag))
+    assert servers and wait_until(lambda: not tagged_processes(tag))
 
 
 def test_a_gateway_agents_runs_share_one_server_stopped_with_the_gateway(
@@ -142,14 +142,4 @@ def test_a_gateway_agents_runs_share_one_server_stopped_with_the_gateway(
     assert len(pids) == 2 and pids[0] == pids[1] == str(running[0]) and len(running) == 1
     offered = [{tool["function"]["name"] for tool in r.body["tools"]} for r in server.requests]
     assert offered[0] == offered[2] == {"read_file", "mcp__py__pid"}
-    assert wait_for(lambda: not tagged_processes(tag))
-
-
-def wait_for(condition: Any, timeout: float = 30.0) -> Any:
-    """The first truthy value of `condition()` within `timeout` seconds (polled), else that last value."""
-    import time
-
-    deadline = time.monotonic() + timeout
-    while not (value := condition()) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    return value
+    assert wait_until(lambda: not tagged_processes(tag))
