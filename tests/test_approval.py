@@ -93,7 +93,7 @@ DANGEROUS = [
     "sudo apt-get install foo",
     "sudo ls",
     "find . -delete",
-    "find /tmp -exec rm {} ;",
+    "find /srv/cache -exec rm {} ;",
     "crontab -r",
 ]
 
