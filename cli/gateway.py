@@ -65,6 +65,7 @@ def run_gateway(args: argparse.Namespace) -> int:
         if args.check:
             agents, connectors = len(settings.agents), len(settings.connectors)
             _say(f"configuration is valid: {agents} agent(s), {connectors} connector(s)")
+            _say_shared_memory(settings)
             return EXIT_OK
         _prepare_home(home)
         setup_logging(home, file_name="gateway.log")
@@ -86,6 +87,15 @@ def _prepare_home(home: Path) -> None:
     tightened = prepare_home(home)
     if tightened:
         _say(f"made {', '.join(tightened)} private, so only you can read the sessions")
+
+
+def _say_shared_memory(settings: AgentSettings) -> None:
+    """Name the agents whose channels share what they learn of a user (`memory: shared`): one user's
+    words reach every other user of that agent."""
+    for entry in settings.agents:
+        if entry.memory == "shared":
+            _say(f"{entry.id}: memory is shared by all its channels")
+            log.info("agent %s: memory is shared by all its channels", entry.id)
 
 
 def _log_server_to_file() -> None:
@@ -122,6 +132,7 @@ async def _serve(settings: AgentSettings, home: Path) -> int:
     resumed = await gateway.resume()
     if resumed:
         log.info("resumed %d message(s) left unanswered by the last run", resumed)
+    _say_shared_memory(settings)
     for instance in gateway.agents.values():
         warning = instance.sandbox_warning()
         if warning is not None:  # commands confined less than the configuration asks

@@ -284,7 +284,9 @@ class Gateway:
         if self.approvals is not None and not one_off:
             callbacks["approval_callback"] = self._approval_callback(job)
         unasked = NO_CHANNEL_TO_ASK if self.approvals is not None else DENIED_BY_POLICY
-        agent = instance.build(session_id=session_id, unasked=unasked, **callbacks)
+        agent = instance.build(
+            session_id=session_id, unasked=unasked, channel=entry.channel, one_off=one_off, **callbacks
+        )
         agent.compress_between_turns = False  # after delivery instead: see _compress_after_delivery
         agent.session_scope = entry.channel  # session_search: this channel's sessions and no other's
         self._running.add(agent)

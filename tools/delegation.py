@@ -95,6 +95,7 @@ def _make_child(parent: AgentCore, label: str) -> AIAgent:
         status_callback=status,
         approval_callback=parent.tools.approvals.answer_from_session,
         workspace=parent.workspace,
+        memory=parent.memory,  # a gateway channel's subagent remembers for that channel, not for all
         workdir=parent.workdir,
         sandbox=parent.sandbox,
         # the parent's MCP servers, not new ones: the child uses its connections, the parent closes them
