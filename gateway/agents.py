@@ -267,6 +267,7 @@ class AgentInstance:
             **callbacks,
         )
         agent.tools.approvals.unasked = unasked
+        agent.tools.approvals.subagents_ask = True  # its subagents are asked about in the channel too
         return agent
 
     def mcp_connections(self) -> McpConnections:

@@ -12,6 +12,8 @@ import asyncio
 import dataclasses
 import functools
 import logging
+import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -179,15 +181,24 @@ class Gateway:
         """The run's approval_callback: ask in the channel, wait for its answer (on the run's thread)."""
         loop, approvals = self._loop, self.approvals
         assert loop is not None and approvals is not None
+        # its subagents ask through it too, maybe at once: the channel takes one question at a time, and
+        # a question not out before the asker's timeout is never posted
+        one_at_a_time = threading.Lock()
 
         def ask(command: str, reason: str) -> str:
-            said = job.stream.cut() if job.stream is not None else ""
-            pending = PendingApproval(job.entry.id, job.session_id, command, reason, said)
-            loop.call_soon_threadsafe(self._post_question, job, pending)
-            if pending.decided.wait(approvals.timeout):
-                return "once" if pending.approved else "deny"
-            loop.call_soon_threadsafe(self._expire_question, job, pending)
-            return "deny"
+            deadline = time.monotonic() + approvals.timeout
+            if not one_at_a_time.acquire(timeout=approvals.timeout):
+                return "deny"
+            try:
+                said = job.stream.cut() if job.stream is not None else ""
+                pending = PendingApproval(job.entry.id, job.session_id, command, reason, said)
+                loop.call_soon_threadsafe(self._post_question, job, pending)
+                if pending.decided.wait(max(0.0, deadline - time.monotonic())):
+                    return "once" if pending.approved else "deny"
+                loop.call_soon_threadsafe(self._expire_question, job, pending)
+                return "deny"
+            finally:
+                one_at_a_time.release()
 
         return ask
 

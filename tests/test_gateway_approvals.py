@@ -146,3 +146,22 @@ def test_without_a_channel_nobody_is_asked_and_the_refusal_says_how_to_be(
     refusal = server.requests[1].body["messages"][-1]["content"]
     assert refusal.startswith("refused: this gateway asks") and "X-Mibyan-Channel" in refusal
     assert "--yolo" not in refusal
+
+
+def test_a_subagents_dangerous_command_is_asked_in_the_channel_too(
+    gateway: RunningGateway, server: ScriptedServer, build: Path
+) -> None:
+    server.add(
+        Reply(tool_calls=[("delegate_task", {"goal": "clean the build folder"})]),
+        CLEAN,  # the subagent's
+        Reply(text="cleaned"),
+        Reply(text="My subagent cleaned it."),
+    )
+
+    question = text(ask(gateway, "clean the build folder", channel="lee"))
+    assert build.exists() and "rm -rf build" in question and "/approve" in question
+
+    assert text(ask(gateway, "/approve", channel="lee")) == "My subagent cleaned it."
+    assert not build.exists()
+    child_result = server.requests[2].body["messages"][-1]
+    assert child_result["role"] == "tool" and "denied" not in child_result["content"]
