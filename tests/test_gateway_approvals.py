@@ -165,3 +165,23 @@ def test_a_subagents_dangerous_command_is_asked_in_the_channel_too(
     assert not build.exists()
     child_result = server.requests[2].body["messages"][-1]
     assert child_result["role"] == "tool" and "denied" not in child_result["content"]
+
+
+def test_by_default_a_subagents_dangerous_command_is_refused_by_the_gateways_policy(
+    server: ScriptedServer, home: Path, build: Path
+) -> None:
+    write_config(home, {"local": server.base_url}, [MEEPA])
+    server.add(
+        Reply(tool_calls=[("delegate_task", {"goal": "clean the build folder"})]),
+        CLEAN,
+        Reply(text="not allowed"),
+        Reply(text="My subagent was not allowed to."),
+    )
+    with RunningGateway(home) as gateway:
+        assert (
+            text(ask(gateway, "clean the build folder", channel="lee")) == "My subagent was not allowed to."
+        )
+
+    assert build.exists()
+    refusal = server.requests[2].body["messages"][-1]["content"]
+    assert "refused: this gateway does not run dangerous commands (gateway.approvals: deny)" in refusal
