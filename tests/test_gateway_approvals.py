@@ -185,3 +185,30 @@ def test_by_default_a_subagents_dangerous_command_is_refused_by_the_gateways_pol
     assert build.exists()
     refusal = server.requests[2].body["messages"][-1]["content"]
     assert "refused: this gateway does not run dangerous commands (gateway.approvals: deny)" in refusal
+
+
+def test_the_models_clarify_question_is_asked_in_the_channel_and_its_next_message_answers(
+    server: ScriptedServer, home: Path
+) -> None:
+    write_config(home, {"local": server.base_url}, [MEEPA])  # whatever approvals says
+    server.add(
+        Reply(
+            text="One thing first.",
+            tool_calls=[("clarify", {"question": "Which colour?", "choices": ["red", "blue"]})],
+        ),
+        Reply(text="Painted blue."),
+    )
+    with RunningGateway(home) as gateway:
+        question = text(ask(gateway, "paint the fence", channel="lee"))
+        answered = ask(gateway, "blue, please", channel="lee")
+
+    assert question.startswith("One thing first.") and "Which colour?" in question and "red, blue" in question
+    assert text(answered) == "Painted blue."
+    assert server.requests[1].body["messages"][-1] == {
+        "role": "tool",
+        "content": "blue, please",
+        "tool_call_id": "call_1",
+        "name": "clarify",
+    }
+    stored = SessionStore.open(home).load_messages(answered.headers["X-Mibyan-Session"])
+    assert user_texts({"messages": stored}) == ["paint the fence"]
