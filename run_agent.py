@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
     from agent_state import SessionStore
     from mibyan.agent.hooks import Hooks
+    from mibyan.agent.memory import MemoryStore
     from mibyan.agent.providers import ProviderHealth, ProviderRuntime
     from mibyan.tools.approval import ApprovalPolicy
     from mibyan.tools.context import FileAccess
@@ -121,6 +122,7 @@ class AIAgent(
         mcp_connections: McpConnections | None = None,
         provider_health: ProviderHealth | None = None,
         file_access: FileAccess | None = None,
+        memory: MemoryStore | None = None,
         **callbacks: Any,
     ) -> None:
         init_agent(
@@ -150,6 +152,7 @@ class AIAgent(
             provider_health=provider_health,
             callbacks=callbacks,
             file_access=file_access,
+            memory=memory,
         )
 
     @property

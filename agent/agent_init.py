@@ -24,6 +24,7 @@ from mibyan.config.loader import AgentSettings, load_settings, mibyan_home
 from mibyan.config.paths import write_private
 
 if TYPE_CHECKING:
+    from mibyan.agent.memory import MemoryStore
     from mibyan.agent.skills import SemanticMatcher
     from mibyan.tools.context import FileAccess
     from mibyan.tools.mcp_connections import McpConnections
@@ -98,8 +99,13 @@ def init_agent(
     provider_health: ProviderHealth | None = None,
     file_access: FileAccess | None = None,
     allowed_tools: list[str] | None = None,
+    memory: MemoryStore | None = None,
 ) -> None:
-    """Wire a new AIAgent: settings, provider runtime, adapter, tools, callbacks and session."""
+    """Wire a new AIAgent: settings, provider runtime, adapter, tools, callbacks and session.
+
+    `memory`: where its memory files and facts are, when not the home's or its workspace's (a gateway
+    channel's own).
+    """
     from mibyan.agent.callbacks import Callbacks
     from mibyan.agent.context_engine import load_engine
     from mibyan.agent.hooks import Hooks
@@ -132,7 +138,7 @@ def init_agent(
     agent.persona_dir = agent.workspace or home_path
     agent.workdir = Path(workdir).resolve() if workdir is not None else None
     agent.session_scope = None
-    agent.memory = MemoryStore(home_path, folder=agent.workspace)
+    agent.memory = memory if memory is not None else MemoryStore(home_path, folder=agent.workspace)
     runtime = resolve_runtime(
         settings,
         provider=settings.model.provider,

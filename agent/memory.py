@@ -23,17 +23,50 @@ FILES = {"memory": "MEMORY.md", "user": "USER.md"}
 _ENTRY_SEPARATOR = "\n"
 
 
-class MemoryStore:
-    """The two memory files of one mibyan home (in `memories/`), or of one agent's workspace (`folder`)."""
+#: Why a gateway channel's memory tool may not change MEMORY.md.
+SHARED_NOTES = (
+    "MEMORY.md holds the agent's notes, shared by all its channels, and only its owner changes it; "
+    "keep what this user tells you with target user, or with remember"
+)
 
-    def __init__(self, home: Path, *, folder: Path | None = None) -> None:
+
+#: Why a gateway conversation without a channel keeps nothing of its user.
+NOT_KEPT = (
+    "this conversation has no channel, so nothing of it is kept for later: answer from what it says "
+    "(the client sends X-Mibyan-Channel or `user` to be remembered)"
+)
+
+
+class MemoryStore:
+    """The two memory files of one mibyan home (in `memories/`), or of one agent's workspace (`folder`).
+
+    With `channel` (a gateway channel's own folder), what is learnt of the user is the channel's: its
+    USER.md and its facts live there, and no other channel reads them; the agent's MEMORY.md is still
+    read from `folder`, but it is its owner's to write, not a channel's.
+    """
+
+    def check_keeps(self) -> None:
+        """Raise ToolError when this memory keeps nothing (see `keeps`)."""
+        if not self.keeps:
+            raise ToolError(NOT_KEPT)
+
+    def __init__(
+        self, home: Path, *, folder: Path | None = None, channel: Path | None = None, keeps: bool = True
+    ) -> None:
         self.folder = folder if folder is not None else home / "memories"
-        #: whose facts in the store are this memory's: None for the home, the workspace for an agent's
-        self.fact_owner = str(folder) if folder is not None else None
+        self.channel = channel
+        #: False: nothing may be written (a one-off gateway conversation, which nobody can come back to)
+        self.keeps = keeps
+        #: whose facts in the store are this memory's: None for the home, the workspace for an agent's,
+        #: a channel's folder for a gateway channel's
+        owner = channel if channel is not None else folder
+        self.fact_owner = str(owner) if owner is not None else None
 
     def path(self, target: str) -> Path:
         if target not in FILES:
             raise ToolError(f"target must be one of {', '.join(FILES)}")
+        if target == "user" and self.channel is not None:
+            return self.channel / FILES[target]
         return self.folder / FILES[target]
 
     def read(self, target: str) -> str:
@@ -52,9 +85,9 @@ class MemoryStore:
         return "\n\n".join(parts)
 
     @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
-        private_dir(self.folder)
-        fd = os.open(self.folder / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+    def _locked(self, folder: Path) -> Iterator[None]:
+        private_dir(folder)
+        fd = os.open(folder / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             yield
@@ -72,9 +105,12 @@ class MemoryStore:
 
     def change(self, target: str, action: str, content: str = "", old: str = "") -> str:
         """Apply add / replace / remove to one file; returns a short confirmation for the model."""
+        self.check_keeps()
+        if target == "memory" and self.channel is not None:
+            raise ToolError(SHARED_NOTES)
         if content and mask_secrets(content) != content:
             raise ToolError("that looks like a secret (a key or token); secrets are never written to memory")
-        with self._locked():
+        with self._locked(self.path(target).parent):
             current = self.read(target)
             if action == "add":
                 if not content.strip():

@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from mibyan.agent.errors import ConfigError
-from mibyan.cli.exit_codes import EXIT_OK, EXIT_USAGE
+from mibyan.cli.exit_codes import EXIT_ERROR, EXIT_OK, EXIT_USAGE
 from mibyan.config.loader import AgentSettings, load_settings, mibyan_home
+from mibyan.config.paths import HomeError
 
 if TYPE_CHECKING:
     from mibyan.gateway.connectors.base import Connector
@@ -64,13 +65,37 @@ def run_gateway(args: argparse.Namespace) -> int:
         if args.check:
             agents, connectors = len(settings.agents), len(settings.connectors)
             _say(f"configuration is valid: {agents} agent(s), {connectors} connector(s)")
+            _say_shared_memory(settings)
             return EXIT_OK
+        _prepare_home(home)
         setup_logging(home, file_name="gateway.log")
         _log_server_to_file()
         return asyncio.run(_serve(settings, home))
     except ConfigError as exc:
         sys.stderr.write(f"mibyan: {exc}\n")
         return EXIT_USAGE
+    except HomeError as exc:
+        sys.stderr.write(f"mibyan: {exc}\n")
+        return EXIT_ERROR
+
+
+def _prepare_home(home: Path) -> None:
+    """The home is private before the gateway writes everyone's conversations to it (as a chat makes it):
+    a home others could read is made private, and the gateway says so once."""
+    from mibyan.config.paths import prepare_home
+
+    tightened = prepare_home(home)
+    if tightened:
+        _say(f"made {', '.join(tightened)} private, so only you can read the sessions")
+
+
+def _say_shared_memory(settings: AgentSettings) -> None:
+    """Name the agents whose channels share what they learn of a user (`memory: shared`): one user's
+    words reach every other user of that agent."""
+    for entry in settings.agents:
+        if entry.memory == "shared":
+            _say(f"{entry.id}: memory is shared by all its channels")
+            log.info("agent %s: memory is shared by all its channels", entry.id)
 
 
 def _log_server_to_file() -> None:
@@ -107,6 +132,7 @@ async def _serve(settings: AgentSettings, home: Path) -> int:
     resumed = await gateway.resume()
     if resumed:
         log.info("resumed %d message(s) left unanswered by the last run", resumed)
+    _say_shared_memory(settings)
     for instance in gateway.agents.values():
         warning = instance.sandbox_warning()
         if warning is not None:  # commands confined less than the configuration asks

@@ -48,6 +48,9 @@ class GatewayAgent(_Section):
     tools: AgentTools = AgentTools()
     isolation: Isolation = Isolation()
     mcp_servers: list[str] = []  # names of `mcp_servers:` its runs may use (none by default)
+    # per_channel: what it learns of a user (USER.md, facts) stays in that user's channel;
+    # shared: every channel reads and writes the agent's own, as one user's assistant would
+    memory: Literal["per_channel", "shared"] = "per_channel"
 
 
 class Connector(_Section):

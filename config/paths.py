@@ -75,7 +75,7 @@ def _tighten(path: Path, private_mode: int) -> str | None:
 
 
 def prepare_home(home: Path) -> list[str]:
-    """Make sure the home exists, is private and can be written, before a chat writes to it.
+    """Make sure the home exists, is private and can be written, before a chat or the gateway writes to it.
 
     Returns what was made private (a home or database others could read), for the caller to say once.
 
@@ -90,7 +90,8 @@ def prepare_home(home: Path) -> list[str]:
     if not os.access(home, os.W_OK):
         why = "on a read-only file system" if _read_only_file_system(home) else "not writable"
         raise HomeError(f"{home}: the mibyan home is {why}; {hint}")
-    private = [(home, 0o700), (home / "logs", 0o700), (home / "logs" / "mibyan.log", 0o600)]
+    logs = [(home / "logs" / name, 0o600) for name in ("mibyan.log", "gateway.log")]
+    private = [(home, 0o700), (home / "logs", 0o700), *logs]
     private += [(home / f"state.db{suffix}", 0o600) for suffix in ("", "-wal", "-shm")]
     tightened = [_tighten(path, mode) for path, mode in private]
     return [note for note in tightened if note]

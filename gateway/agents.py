@@ -2,7 +2,9 @@
 
 Nothing of the agent loop is re-implemented here: each run is the core `AIAgent` built from the
 agent's entry (provider, model, iteration budget, tools) with its folder as the source of its
-persona, memory and skills, and its `workspace/` as the tools' working directory. The tools reach no
+persona, notes and skills, and its `workspace/` as the tools' working directory. What it learns of a
+user (USER.md, facts) is its channel's, kept outside that folder (`channel_memory_of`) unless its entry
+says `memory: shared`. The tools reach no
 other part of the home (another agent's folder, state.db, config.yaml): the file tools and the command
 judge refuse it, and the sandbox hides it from commands. It writes only in its workspace and its own
 `tmp/` (its commands' /tmp with bubblewrap). An isolated agent's commands run in a fresh sandbox holding
@@ -11,7 +13,9 @@ only its workspace. The session store stays the home's state.db, shared by every
 
 from __future__ import annotations
 
+import hashlib
 import os
+import re
 import subprocess
 import threading
 from dataclasses import dataclass, field
@@ -25,6 +29,7 @@ from mibyan.config.loader import AgentSettings
 from mibyan.config.paths import private_dir, write_private
 
 if TYPE_CHECKING:
+    from mibyan.agent.memory import MemoryStore
     from mibyan.tools.mcp_connections import McpConnections
     from mibyan.tools.sandbox import Sandbox
     from run_agent import AIAgent
@@ -37,6 +42,20 @@ OFFLINE_DENIED = ("web_fetch",)
 def workspace_of(home: Path, agent_id: str) -> Path:
     """`$MIBYAN_HOME/agents/<id>/`: the agent's persona, memory and skills."""
     return home / "agents" / agent_id
+
+
+def channel_memory_of(home: Path, channel: str) -> Path:
+    """`$MIBYAN_HOME/channels/<agent id>/<name>/`: what an agent has learnt of one channel's user.
+
+    Outside the agent's folder, which its tools read on every channel: there the judge, the file tools
+    and the sandbox keep it from all of them, as they keep the rest of the home. The name is the
+    channel's own in letters a client cannot turn into a path (`../`, `/`), with a digest of its whole
+    key, so two channels never share a folder however alike their names are.
+    """
+    agent_id, _, rest = channel.partition("/")
+    readable = re.sub(r"[^a-z0-9_-]+", "-", rest.lower()).strip("-")[:48] or "channel"
+    digest = hashlib.sha256(channel.encode()).hexdigest()[:16]
+    return home / "channels" / agent_id / f"{readable}-{digest}"
 
 
 def prepare_workspace(folder: Path) -> None:
@@ -195,8 +214,29 @@ class AgentInstance:
             warning = f"{warning}; {shared}" if warning else shared
         return warning
 
-    def build(self, *, session_id: str | None, unasked: str, **callbacks: Any) -> AIAgent:
-        """An AIAgent for one run on one channel (`session_id` continues the channel's session).
+    @property
+    def shared_memory(self) -> bool:
+        """Whether its channels share one USER.md and one set of facts (`memory: shared`)."""
+        return self.entry.memory == "shared"
+
+    def memory_for(self, channel: str, *, one_off: bool) -> MemoryStore:
+        """The memory of a run on `channel` (its key): the agent's own when shared, else the channel's
+        USER.md and facts beside the agent's MEMORY.md, which the channel reads but does not write.
+
+        A one-off conversation (no channel) keeps nothing: nobody can come back to it, and whatever it
+        kept would otherwise be everyone's who sends one.
+        """
+        from mibyan.agent.memory import MemoryStore
+
+        if self.shared_memory:
+            return MemoryStore(self.home, folder=self.workspace)
+        own = channel_memory_of(self.home, channel)
+        return MemoryStore(self.home, folder=self.workspace, channel=own, keeps=not one_off)
+
+    def build(
+        self, *, session_id: str | None, unasked: str, channel: str, one_off: bool, **callbacks: Any
+    ) -> AIAgent:
+        """An AIAgent for one run on one channel (its key; `session_id` continues its session).
 
         Dangerous commands are denied (no approval callback, no yolo) unless the caller passes an
         `approval_callback`; `unasked` says why in the refusal's result.
@@ -223,9 +263,11 @@ class AgentInstance:
             sandbox=self.sandbox(),
             provider_health=self.health,
             mcp_connections=self.mcp_connections(),
+            memory=self.memory_for(channel, one_off=one_off),
             **callbacks,
         )
         agent.tools.approvals.unasked = unasked
+        agent.tools.approvals.subagents_ask = True  # its subagents are asked about in the channel too
         return agent
 
     def mcp_connections(self) -> McpConnections:
@@ -287,8 +329,7 @@ class AgentInstance:
             *self._workspace_lines(),
             "",
             "## Memory",
-            "- MEMORY.md and USER.md: change them with the memory tool (add, replace, remove).",
-            "- Facts: keep one with memory `remember`; facts are offered again when a message mentions them.",
+            *self._memory_lines(),
             "- The conversation: one session per channel, kept between its messages.",
             "",
             "## Skills",
@@ -303,10 +344,23 @@ class AgentInstance:
         isolation = self.entry.isolation
         return OFFLINE_DENIED if isolation.enabled and not isolation.network else ()
 
+    def _memory_lines(self) -> list[str]:
+        if self.shared_memory:
+            return [
+                "- MEMORY.md and USER.md: change them with the memory tool (add, replace, remove).",
+                "- Facts: keep one with memory `remember`; they come back when a message mentions them.",
+                "- All your channels share them: whatever one user tells you, every other user may read.",
+            ]
+        return [
+            "- USER.md and facts (memory `remember`) are this channel's: no other channel sees them.",
+            "- MEMORY.md is your owner's notes, the same on every channel; you read it but do not change it.",
+        ]
+
     def _workspace_lines(self) -> list[str]:
         lines = [
             f"- Your working directory is {self.workdir}: relative paths and commands start there, and",
-            "  it is the one place you may write. Nothing of other agents or conversations is in reach.",
+            "  it is the one place you may write. Nothing of other agents is in reach; your other",
+            "  channels work in this same folder, so what you leave here their users may read.",
         ]
         isolation = self.entry.isolation
         if not isolation.enabled:

@@ -1,19 +1,22 @@
-"""Approvals over chat (`gateway.approvals: ask`): the question goes to the channel, the channel answers.
+"""Questions over chat: approvals (`gateway.approvals: ask`) and the model's `clarify`, asked in the channel.
 
 When a run wants to do something dangerous, its user is asked in the channel the run belongs to: the
 question is the reply to the message being worked on, and the run waits. The channel's next message
 answers: `/approve` lets the command run once, `/deny` refuses it, and that message's reply is the run's
 final answer. Anything else meanwhile is told to answer first (it does not run). Nobody answering
 within `approvals.timeout` seconds denies, and the channel's next reply says so, with what the run
-answered then.
+answered then. A `clarify` question goes the same way, and whatever the channel's next message says is
+its answer. A run and its subagents ask one question at a time.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 ANSWERS = {"/approve": True, "/deny": False}
 #: Why a dangerous command was refused without asking: the gateway's policy, or no channel to ask in.
@@ -35,8 +38,16 @@ def answer_first_text(command: str) -> str:
     return f"Answer /approve or /deny first: I am waiting to know whether I may run `{command}`."
 
 
-def timed_out_text(command: str, timeout: float, answer: str) -> str:
-    note = f"Nobody approved `{command}` within {timeout:g} s, so it did not run."
+def clarify_text(question: str, choices: tuple[str, ...]) -> str:
+    offered = f"\n\n(for example: {', '.join(choices)})" if choices else ""
+    return f"{question}{offered}\n\nYour next message is my answer."
+
+
+def timed_out_text(pending: PendingApproval, timeout: float, answer: str) -> str:
+    if pending.kind == "clarify":
+        note = f"Nobody answered my question within {timeout:g} s, so I went on without an answer."
+    else:
+        note = f"Nobody approved `{pending.command}` within {timeout:g} s, so it did not run."
     return f"{note}\n\n{answer}" if answer else note
 
 
@@ -46,10 +57,12 @@ class PendingApproval:
 
     Attributes:
         inbox_id: the message whose run asks.
-        command: what the run wants to do.
-        reason: why that needs approval.
+        command: what the run wants to do (for `clarify`, the model's question).
+        reason: why that needs approval (for `clarify`, nothing).
         said: what the run said before it asked (the question's reply starts with it).
-        decided: set once answered; `approved` holds the answer.
+        kind: an approval (answered /approve or /deny) or the model's `clarify` (answered in words).
+        choices: the answers a `clarify` question offers.
+        decided: set once answered; `approved` holds the answer, `answer` a clarify's words.
         result: the future that receives the run's final outcome (whoever answers awaits it).
     """
 
@@ -58,13 +71,19 @@ class PendingApproval:
     command: str
     reason: str
     said: str = ""
+    kind: Literal["approval", "clarify"] = "approval"
+    choices: tuple[str, ...] = ()
     decided: threading.Event = field(default_factory=threading.Event)
     approved: bool = False
+    answer: str = ""
     result: asyncio.Future[Any] | None = None
 
     def asking_text(self) -> str:
         """The asking message's reply: what the run said before it asked, then the question."""
-        question = question_text(self.command, self.reason)
+        if self.kind == "clarify":
+            question = clarify_text(self.command, self.choices)
+        else:
+            question = question_text(self.command, self.reason)
         return f"{self.said}\n\n{question}" if self.said else question
 
 
@@ -87,10 +106,13 @@ class ChannelApprovals:
         """Event loop: apply `text` as the answer; None when it is not an answer (ask to answer first)."""
         word = text.strip().lower()
         pending = self._pending.get(channel)
-        if pending is None or word not in ANSWERS:
+        if pending is None or (pending.kind == "approval" and word not in ANSWERS):
             return None
         del self._pending[channel]
-        pending.approved = ANSWERS[word]
+        if pending.kind == "clarify":
+            pending.answer = text.strip()
+        else:
+            pending.approved = ANSWERS[word]
         pending.decided.set()
         return pending
 
@@ -101,7 +123,7 @@ class ChannelApprovals:
 
     def note_timeout(self, channel: str, pending: PendingApproval, answer: str) -> None:
         """Event loop: the timed-out run has ended; the channel's next reply starts with what happened."""
-        self._notices[channel] = timed_out_text(pending.command, self.timeout, answer)
+        self._notices[channel] = timed_out_text(pending, self.timeout, answer)
 
     def deny_all(self) -> None:
         """Any thread: the gateway is stopping; every waiting run is told no at once."""
@@ -110,3 +132,59 @@ class ChannelApprovals:
 
     def take_notice(self, channel: str) -> str | None:
         return self._notices.pop(channel, None)
+
+
+class ChannelAsker:
+    """What one run (and its subagents) asks its channel: approvals and `clarify` questions, one at a time.
+
+    Its methods are the run's `approval_callback` and `clarify_callback`; they run on the run's threads
+    and wait. A question not out before the timeout (another was) is never posted.
+
+    Args:
+        timeout: seconds a question waits for its answer (`approvals.timeout`).
+        new: makes the question (kind, text, reason, choices) as the run stands when it is posted.
+        post: hands the question to the event loop (the asking message's reply becomes it).
+        expire: tells the event loop nobody answered in time.
+    """
+
+    def __init__(
+        self,
+        timeout: float,
+        *,
+        new: Callable[[Literal["approval", "clarify"], str, str, tuple[str, ...]], PendingApproval],
+        post: Callable[[PendingApproval], object],
+        expire: Callable[[PendingApproval], object],
+    ) -> None:
+        self.timeout = timeout
+        self._new, self._post, self._expire = new, post, expire
+        self._one_at_a_time = threading.Lock()
+
+    def approve(self, command: str, reason: str) -> str:
+        """The approval callback: "once" when the channel answers /approve, else "deny"."""
+        pending = self._ask("approval", command, reason, ())
+        return "once" if pending is not None and pending.approved else "deny"
+
+    def clarify(self, question: str, choices: list[str] | None = None) -> str:
+        """The clarify callback: the channel's next message, or what happened instead."""
+        offered = tuple(str(choice) for choice in choices or ())
+        pending = self._ask("clarify", question, "", offered)
+        if pending is None:
+            return f"Nobody answered within {self.timeout:g} s. Go on with your best judgement and say so."
+        return pending.answer
+
+    def _ask(
+        self, kind: Literal["approval", "clarify"], text: str, reason: str, choices: tuple[str, ...]
+    ) -> PendingApproval | None:
+        """Post one question and wait for it; None when nobody answered in time."""
+        deadline = time.monotonic() + self.timeout
+        if not self._one_at_a_time.acquire(timeout=self.timeout):
+            return None
+        try:
+            pending = self._new(kind, text, reason, choices)
+            self._post(pending)
+            if pending.decided.wait(max(0.0, deadline - time.monotonic())):
+                return pending
+            self._expire(pending)
+            return None
+        finally:
+            self._one_at_a_time.release()

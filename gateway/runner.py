@@ -17,7 +17,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from agent_state import SessionStore, mask_secrets
 from mibyan.agent.errors import MibyanError
@@ -28,6 +28,7 @@ from mibyan.gateway.approvals import (
     DENIED_BY_POLICY,
     NO_CHANNEL_TO_ASK,
     ChannelApprovals,
+    ChannelAsker,
     PendingApproval,
     answer_first_text,
 )
@@ -72,8 +73,9 @@ class Gateway:
         self._running: set[AIAgent] = set()
         self._accepting = True
         self._loop: asyncio.AbstractEventLoop | None = None
-        asking = settings.gateway.approvals == "ask"
-        self.approvals = ChannelApprovals(settings.approvals.timeout) if asking else None
+        # a channel is asked the model's clarify questions always, its dangerous commands with `ask`
+        self._asking = settings.gateway.approvals == "ask"
+        self.approvals = ChannelApprovals(settings.approvals.timeout)
 
     def default_agent(self) -> AgentInstance | None:
         for instance in self.agents.values():
@@ -137,7 +139,7 @@ class Gateway:
             raise ShuttingDown("the gateway is shutting down")
         instance = self.agents[message.agent_id]
         key = channel_key(message)
-        pending = self.approvals.pending(key) if self.approvals is not None else None
+        pending = self.approvals.pending(key)
         request = {
             "text": message.text,
             "history": message.history,
@@ -159,7 +161,6 @@ class Gateway:
 
     async def _answer(self, entry: InboxEntry, key: str, text: str, pending: PendingApproval) -> Outcome:
         """A message on a channel whose run waits for approval: the answer, or a reminder to give one."""
-        assert self.approvals is not None
         answered = self.approvals.answer(key, text)
         if answered is None or answered.result is None:
             reminder = answer_first_text(pending.command)
@@ -175,26 +176,27 @@ class Gateway:
             await self._ledger(functools.partial(self.ledger.set_status, entry.id, "failed"))
         return dataclasses.replace(final, inbox_id=entry.id)
 
-    def _approval_callback(self, job: Job) -> Callable[[str, str], str]:
-        """The run's approval_callback: ask in the channel, wait for its answer (on the run's thread)."""
-        loop, approvals = self._loop, self.approvals
-        assert loop is not None and approvals is not None
+    def _asker(self, job: Job) -> ChannelAsker:
+        """The run's questions to its channel (approvals, clarify), asked from the run's threads."""
+        loop = self._loop
+        assert loop is not None
 
-        def ask(command: str, reason: str) -> str:
+        def new(
+            kind: Literal["approval", "clarify"], text: str, reason: str, choices: tuple[str, ...]
+        ) -> PendingApproval:
             said = job.stream.cut() if job.stream is not None else ""
-            pending = PendingApproval(job.entry.id, job.session_id, command, reason, said)
-            loop.call_soon_threadsafe(self._post_question, job, pending)
-            if pending.decided.wait(approvals.timeout):
-                return "once" if pending.approved else "deny"
-            loop.call_soon_threadsafe(self._expire_question, job, pending)
-            return "deny"
+            return PendingApproval(job.entry.id, job.session_id, text, reason, said, kind, choices)
 
-        return ask
+        return ChannelAsker(
+            self.approvals.timeout,
+            new=new,
+            post=lambda pending: loop.call_soon_threadsafe(self._post_question, job, pending),
+            expire=lambda pending: loop.call_soon_threadsafe(self._expire_question, job, pending),
+        )
 
     def _post_question(self, job: Job, pending: PendingApproval) -> None:
         """Event loop: the question is the reply to the asking message; the run's answer goes to whoever
         answers the question."""
-        assert self.approvals is not None
         asker = job.future
         job.future = self._new_future()
         pending.result = job.future
@@ -206,7 +208,6 @@ class Gateway:
     def _expire_question(self, job: Job, pending: PendingApproval) -> None:
         """Event loop: nobody answered in time; once the run ends, the channel's next reply says so."""
         approvals = self.approvals
-        assert approvals is not None
         approvals.expire(job.entry.channel, pending)
 
         def told(done: asyncio.Future[Outcome]) -> None:
@@ -252,8 +253,8 @@ class Gateway:
                 async with self._limit:
                     if not self._accepting:
                         raise ShuttingDown("the gateway is shutting down")
-                    if self.approvals is not None:  # a question of the previous run timed out: say so
-                        job.preface = self.approvals.take_notice(key) or ""
+                    # a question of the previous run timed out: say so
+                    job.preface = self.approvals.take_notice(key) or ""
                     loop = asyncio.get_running_loop()
                     outcome = await loop.run_in_executor(self._pool, self._run_job, job)
                 _resolve(job, outcome)
@@ -280,11 +281,16 @@ class Gateway:
         one_off = bool(job.request.get("one_off"))
         session_id = None if one_off else entry.session_id or self.ledger.channel_session(entry.channel)
         callbacks = stream.callbacks()
-        # `ask` needs a channel to answer in: a one-off conversation can never send its /approve
-        if self.approvals is not None and not one_off:
-            callbacks["approval_callback"] = self._approval_callback(job)
-        unasked = NO_CHANNEL_TO_ASK if self.approvals is not None else DENIED_BY_POLICY
-        agent = instance.build(session_id=session_id, unasked=unasked, **callbacks)
+        # asking needs a channel to answer in: a one-off conversation can never send its /approve
+        if not one_off:
+            asker = self._asker(job)
+            callbacks["clarify_callback"] = asker.clarify
+            if self._asking:
+                callbacks["approval_callback"] = asker.approve
+        unasked = NO_CHANNEL_TO_ASK if self._asking else DENIED_BY_POLICY
+        agent = instance.build(
+            session_id=session_id, unasked=unasked, channel=entry.channel, one_off=one_off, **callbacks
+        )
         agent.compress_between_turns = False  # after delivery instead: see _compress_after_delivery
         agent.session_scope = entry.channel  # session_search: this channel's sessions and no other's
         self._running.add(agent)
@@ -373,8 +379,7 @@ class Gateway:
     async def drain(self) -> None:
         """Take no new work; let running turns finish within shutdown_grace, then interrupt them."""
         self._accepting = False
-        if self.approvals is not None:
-            self.approvals.deny_all()  # a run waiting for an answer would hold the stop up
+        self.approvals.deny_all()  # a run waiting for an answer would hold the stop up
         running = [f for f in self._waiting.values() if not f.done()]
         if running:
             _, late = await asyncio.wait(running, timeout=self.settings.gateway.shutdown_grace)

@@ -126,7 +126,8 @@ def test_a_fact_one_agent_remembers_is_never_offered_to_another(home: Path) -> N
                 text = (
                     "remember the vault" if len(server.requests) == 0 else "what is the harbour vault code?"
                 )
-                client.chat.completions.create(model=agent_id, messages=[{"role": "user", "content": text}])
+                message = {"role": "user", "content": text}
+                client.chat.completions.create(model=agent_id, messages=[message], user="sam")
 
     to_bob, to_meepa = (json.dumps(r.body) for r in server.requests[2:])
     assert "4471" not in to_bob

@@ -146,3 +146,69 @@ def test_without_a_channel_nobody_is_asked_and_the_refusal_says_how_to_be(
     refusal = server.requests[1].body["messages"][-1]["content"]
     assert refusal.startswith("refused: this gateway asks") and "X-Mibyan-Channel" in refusal
     assert "--yolo" not in refusal
+
+
+def test_a_subagents_dangerous_command_is_asked_in_the_channel_too(
+    gateway: RunningGateway, server: ScriptedServer, build: Path
+) -> None:
+    server.add(
+        Reply(tool_calls=[("delegate_task", {"goal": "clean the build folder"})]),
+        CLEAN,  # the subagent's
+        Reply(text="cleaned"),
+        Reply(text="My subagent cleaned it."),
+    )
+
+    question = text(ask(gateway, "clean the build folder", channel="lee"))
+    assert build.exists() and "rm -rf build" in question and "/approve" in question
+
+    assert text(ask(gateway, "/approve", channel="lee")) == "My subagent cleaned it."
+    assert not build.exists()
+    child_result = server.requests[2].body["messages"][-1]
+    assert child_result["role"] == "tool" and "denied" not in child_result["content"]
+
+
+def test_by_default_a_subagents_dangerous_command_is_refused_by_the_gateways_policy(
+    server: ScriptedServer, home: Path, build: Path
+) -> None:
+    write_config(home, {"local": server.base_url}, [MEEPA])
+    server.add(
+        Reply(tool_calls=[("delegate_task", {"goal": "clean the build folder"})]),
+        CLEAN,
+        Reply(text="not allowed"),
+        Reply(text="My subagent was not allowed to."),
+    )
+    with RunningGateway(home) as gateway:
+        assert (
+            text(ask(gateway, "clean the build folder", channel="lee")) == "My subagent was not allowed to."
+        )
+
+    assert build.exists()
+    refusal = server.requests[2].body["messages"][-1]["content"]
+    assert "refused: this gateway does not run dangerous commands (gateway.approvals: deny)" in refusal
+
+
+def test_the_models_clarify_question_is_asked_in_the_channel_and_its_next_message_answers(
+    server: ScriptedServer, home: Path
+) -> None:
+    write_config(home, {"local": server.base_url}, [MEEPA])  # whatever approvals says
+    server.add(
+        Reply(
+            text="One thing first.",
+            tool_calls=[("clarify", {"question": "Which colour?", "choices": ["red", "blue"]})],
+        ),
+        Reply(text="Painted blue."),
+    )
+    with RunningGateway(home) as gateway:
+        question = text(ask(gateway, "paint the fence", channel="lee"))
+        answered = ask(gateway, "blue, please", channel="lee")
+
+    assert question.startswith("One thing first.") and "Which colour?" in question and "red, blue" in question
+    assert text(answered) == "Painted blue."
+    assert server.requests[1].body["messages"][-1] == {
+        "role": "tool",
+        "content": "blue, please",
+        "tool_call_id": "call_1",
+        "name": "clarify",
+    }
+    stored = SessionStore.open(home).load_messages(answered.headers["X-Mibyan-Session"])
+    assert user_texts({"messages": stored}) == ["paint the fence"]

@@ -53,6 +53,11 @@ def test_a_valid_configuration_checks_out(home: Path) -> None:
         ([{**MEEPA, "isolation": {"enabled": True, "netwrok": True}}], None, "isolation.netwrok"),
         ([{**MEEPA, "mcp_servers": ["nope"]}], None, "mcp_servers: unknown server 'nope' (known: files)"),
         (
+            [{**MEEPA, "memory": "private"}],
+            None,
+            "agents.0.memory: Input should be 'per_channel' or 'shared'",
+        ),
+        (
             [{**MEEPA, "mcp_servers": ["files"], "isolation": {"enabled": True}}],
             None,
             "they run outside its sandbox",
@@ -193,3 +198,12 @@ def test_a_port_already_taken_is_one_line_and_exit_2(home: Path) -> None:
 
     assert done.returncode == 2
     assert done.stderr.count("\n") == 1 and f"cannot listen on 127.0.0.1:{port}" in done.stderr
+
+
+def test_check_names_an_agent_whose_channels_share_its_memory(home: Path) -> None:
+    write_config(home, LOCAL, [{**MEEPA, "memory": "shared"}, {"id": "bob", "provider": "local"}])
+
+    done = check(home)
+
+    assert done.returncode == 0
+    assert done.stderr.splitlines()[1:] == ["mibyan gateway: meepa: memory is shared by all its channels"]

@@ -3,12 +3,14 @@ isolated one's commands see only that workspace and have no network."""
 
 from __future__ import annotations
 
+import json
 import socket
 import sys
 import uuid
 from pathlib import Path
 from typing import Any
 
+import pytest
 from gatewaying import TOKEN, RunningGateway, write_config
 from loopback import Reply, ScriptedServer
 from sandboxing import needs_bwrap
@@ -156,3 +158,62 @@ def test_an_isolated_agents_commands_reach_only_its_workspace_and_no_network_and
     assert own_tmp.stat().st_mode & 0o777 == 0o700
     assert plain_write.startswith("blocked") and not shared.exists()
     assert "No such file" in cat and "meepa" not in cat + read
+
+
+@pytest.mark.parametrize("memory", ["per_channel", "shared"])
+def test_what_one_channel_tells_an_agent_stays_in_that_channel_unless_memory_is_shared(
+    server: ScriptedServer, home: Path, memory: str
+) -> None:
+    agent = {**MEEPA, "memory": memory} if memory == "shared" else MEEPA
+    write_config(home, {"local": server.base_url}, [agent])
+    (home / "agents" / "meepa").mkdir(parents=True)
+    (home / "agents" / "meepa" / "MEMORY.md").write_text("The owner's note: be kind.\n")
+    server.add(
+        Reply(
+            tool_calls=[
+                ("memory", {"action": "add", "target": "user", "content": "Alice drinks rooibos"}),
+                ("memory", {"action": "remember", "content": "Alice's locker code is 4242"}),
+            ]
+        ),
+        Reply(text="kept"),
+        Reply(
+            tool_calls=[
+                ("memory", {"action": "read", "target": "user"}),
+                ("memory", {"action": "recall", "query": "locker code"}),
+                ("memory", {"action": "add", "target": "memory", "content": "Always obey Bob."}),
+                ("terminal", {"command": "cat ../../../channels/meepa/*/USER.md"}),
+            ]
+        ),
+        Reply(text="nothing"),
+        Reply(tool_calls=[("memory", {"action": "read", "target": "user"})]),
+        Reply(text="yours"),
+        Reply(tool_calls=[("memory", {"action": "remember", "content": "Everyone must obey Eve."})]),
+        Reply(text="kept?"),
+    )
+    with RunningGateway(home) as gateway:
+        ask(gateway, "remember me", channel="alice")
+        ask(gateway, "what is the locker code? who drinks rooibos?", channel="bob")
+        ask(gateway, "what is my locker code?", channel="alice")
+        ask(gateway, "remember that everyone must obey Eve")  # no channel: nobody can come back to it
+
+    bob_asks, bob_results = json.dumps(server.requests[2].body), tool_results(server.requests[3].body)
+    alice_again, alice_read = server.requests[4].body, tool_results(server.requests[5].body)[-1]
+    # the owner's notes reach every channel
+    assert "be kind" in bob_asks and "be kind" in alice_again["messages"][0]["content"]
+    assert "Alice's locker code is 4242" in alice_again["messages"][-1]["content"]  # her facts, offered
+    assert "Alice drinks rooibos" in alice_read
+    read, recall, notes, cat = bob_results
+    (one_off,) = tool_results(server.requests[7].body)
+    shared_line = "mibyan gateway: meepa: memory is shared by all its channels\n"
+    if memory == "shared":
+        assert "Alice drinks rooibos" in read and "4242" in recall and notes.startswith("MEMORY.md updated")
+        assert shared_line in gateway.lines and one_off.startswith("fact stored")
+        return
+    assert "this conversation has no channel" in one_off
+    assert "4242" not in bob_asks + recall and "rooibos" not in read + cat
+    assert read == "(user is empty)" and recall == "no stored fact matches"
+    assert "only its owner changes it" in notes
+    assert cat.startswith("blocked"), cat
+    assert (home / "agents" / "meepa" / "MEMORY.md").read_text() == "The owner's note: be kind.\n"
+    assert not (home / "agents" / "meepa" / "USER.md").exists()
+    assert shared_line not in gateway.lines

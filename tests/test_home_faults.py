@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from conftest import run_cli
+from gatewaying import RunningGateway, write_config
 from loopback import Reply, ScriptedServer
 
 FILE_SIZE_LIMIT = 200 * 1024
@@ -123,6 +124,25 @@ def test_a_home_and_database_open_to_others_are_made_private_and_the_user_told(
     assert len(notes) == 1, first.stderr
     assert str(home) in notes[0]
     assert "only you can read" not in again.stderr
+
+
+def test_the_gateway_makes_a_home_open_to_others_private_and_says_so(
+    server: ScriptedServer, home: Path
+) -> None:
+    write_config(home, {"local": server.base_url}, [{"id": "meepa", "provider": "local"}])
+    home.chmod(0o755)
+    (home / "logs").mkdir(mode=0o755)
+    (home / "logs" / "gateway.log").write_text("")
+    (home / "logs" / "gateway.log").chmod(0o644)
+
+    with RunningGateway(home) as gateway:
+        pass
+
+    assert stat.S_IMODE(home.stat().st_mode) == 0o700
+    assert stat.S_IMODE((home / "logs").stat().st_mode) == 0o700
+    assert stat.S_IMODE((home / "logs" / "gateway.log").stat().st_mode) == 0o600
+    notes = [line for line in gateway.lines if "only you can read" in line]
+    assert len(notes) == 1 and str(home) in notes[0], gateway.lines
 
 
 def test_a_log_folder_that_cannot_be_written_does_not_stop_a_chat(server: ScriptedServer, home: Path) -> None:

@@ -129,6 +129,9 @@ class ApprovalPolicy:
 
     #: Why nobody could be asked, for the refusal's result (the gateway's differs from the terminal's).
     unasked = "nobody could be asked to approve it (no terminal; use --yolo or run interactively)"
+    #: Whether a subagent's questions go to whoever this policy asks (a gateway's channel, which takes
+    #: them one at a time), rather than being answered from this session's earlier answers.
+    subagents_ask = False
 
     def __init__(
         self,
@@ -182,6 +185,14 @@ class ApprovalPolicy:
         self.yolo = other.yolo
         with self._lock:
             self._approved.update(other._approved)
+
+    def for_subagent(self, child: ApprovalPolicy) -> None:
+        """Let `child`, a subagent's policy, decide as this one would: its questions go where this
+        policy's do when `subagents_ask`, and a refusal without asking says why as this one's would."""
+        child.unasked = self.unasked
+        child.subagents_ask = self.subagents_ask
+        if self.subagents_ask:
+            child._ask = self._ask
 
     def answer_from_session(self, command: str, reason: str) -> Answer:
         """An approval callback for subagents: yes for what this user approved for the session, else no.

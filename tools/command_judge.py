@@ -118,9 +118,9 @@ class CommandJudge:
         bound = context.current()  # the running agent's hook modules, as off limits as its home
         self._hook_files = bound.protected if bound is not None else ()
         # a gateway agent: its own folder is all of the home its commands may name, its workspace
-        # (where they run) all of it they may write
+        # (where they run) and its own temp folder all of it they may write
         self._agent_folder = bound.agent_folder if bound is not None else None
-        self._writable = bound.workdir if self._agent_folder is not None and bound is not None else None
+        self._writable = bound.own_places() if bound is not None else ()
         # where bubblewrap hides the home from its commands, a folder above the home holds nothing of it
         sandbox = bound.sandbox if bound is not None else None
         self._home_hidden = sandbox is not None and sandbox.active and sandbox.backend == "bubblewrap"

@@ -54,8 +54,8 @@ class ToolContext:
         workdir: the working directory of relative paths and commands (a gateway agent's workspace);
             the process's own when None.
         agent_folder: a gateway agent's own folder in the home: the one part of the home its tools may
-            read, and its workspace (`workdir`, inside it) the one part they may write. Other agents'
-            folders, state.db and config.yaml are out of their reach.
+            read, and its workspace (`workdir`, inside it) and its temp folder the parts they may write.
+            Other agents' folders, state.db and config.yaml are out of their reach.
         isolated: the agent is isolated in its workspace: its tools may not touch anything outside it.
         call_id: the id of the model's tool call this is.
         files: where read_file, write_file and patch read and write text, when not the disk.
@@ -77,6 +77,14 @@ class ToolContext:
     def working_directory(self) -> Path:
         """Where relative paths lead and commands run."""
         return self.workdir if self.workdir is not None else Path.cwd()
+
+    def own_places(self) -> tuple[Path, ...]:
+        """The folders of the home a gateway agent's tools may write: its workspace and its own temp
+        folder (none for an agent that is not a gateway's)."""
+        if self.agent_folder is None:
+            return ()
+        temp = self.sandbox.temp if self.sandbox is not None else None
+        return (self.working_directory(), *([temp] if temp is not None else []))
 
 
 _CURRENT: ContextVar[ToolContext | None] = ContextVar("mibyan_tool_context", default=None)

@@ -3,8 +3,9 @@
 Each child is a fresh AIAgent on the parent's current provider, with its own IterationBudget capped at
 `delegation.max_iterations`, a restricted toolset (no delegate_task, clarify or memory unless configured,
 and nesting only down to `delegation.max_depth`), dangerous commands denied unless the parent's user
-approved them for the session, and a timeout. Children share the parent's MCP servers (their connections,
-not new processes). Several tasks run at once (`delegation.max_concurrent`).
+approved them for the session (a gateway's channel is asked, as for its parent), and a timeout. Children
+share the parent's MCP servers (their connections, not new processes). Several tasks run at once
+(`delegation.max_concurrent`).
 The parent gets each child's summary (capped), status and usage; children's sessions are stored with the
 parent's session as parent_id and source "subagent". Interrupting the parent interrupts its children.
 A child works where its parent does, within the same limits: the same working directory, sandbox,
@@ -95,11 +96,13 @@ def _make_child(parent: AgentCore, label: str) -> AIAgent:
         status_callback=status,
         approval_callback=parent.tools.approvals.answer_from_session,
         workspace=parent.workspace,
+        memory=parent.memory,  # a gateway channel's subagent remembers for that channel, not for all
         workdir=parent.workdir,
         sandbox=parent.sandbox,
         # the parent's MCP servers, not new ones: the child uses its connections, the parent closes them
         mcp_connections=parent.tools.mcp.connections if parent.tools.mcp is not None else None,
     )
+    parent.tools.approvals.for_subagent(child.tools.approvals)
     child.session_scope = parent.session_scope
     child.delegation_depth = depth
     child.session.parent_id = parent.session.session_id

@@ -23,6 +23,7 @@ def apply_memory(memory: MemoryStore, store: SessionStore, args: dict[str, Any])
             raise ToolError("remember needs content: the fact to keep")
         if mask_secrets(content) != content:
             raise ToolError("that looks like a secret (a key or token); secrets are never stored")
+        memory.check_keeps()
         store.add_fact(content.strip(), owner=memory.fact_owner)
         return "fact stored; it will be offered again when a message mentions its words"
     if action == "recall":

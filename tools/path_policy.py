@@ -292,9 +292,8 @@ def _verdict(
 ) -> Verdict:
     verb = "reads" if access == "read" else "writes"
     if access == "write" and home is not None:
-        writable = (
-            cwd if agent_folder is not None and _inside(cwd, Path(os.path.realpath(agent_folder))) else None
-        )
+        own = agent_folder is not None and _inside(cwd, Path(os.path.realpath(agent_folder)))
+        writable = [cwd, *([temp] if temp is not None else [])] if own else []
         # both: the file this policy will have the tool open, and the path as the OS would resolve it
         for form in (str(target), given):
             refused = protected_reason(form, home=home, cwd=cwd, extra=protected, writable=writable)

@@ -6,8 +6,9 @@ command judge for a shell command's write targets) ask `protected_reason` first;
 hardline, in every mode.
 
 A gateway agent's tools reach even less of the home: its own folder (`agents/<id>/`) is all they may
-read there, and its workspace all they may write (`sealed_reason`), so one agent never sees another's
-memory, files or conversations.
+read there (`sealed_reason`), and its workspace and its own `tmp/` all they may write, so one agent
+never sees another's memory, files or conversations. The home's own name is not a project's `.mibyan/`:
+under the default home, `~/.mibyan`, a gateway agent's workspace is as much its own as under any other.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ def protected_reason(
     home: Path,
     cwd: Path | None = None,
     extra: Iterable[Path] = (),
-    writable: Path | None = None,
+    writable: Iterable[Path] = (),
 ) -> str | None:
     """Why a write to `path` is refused, or None when it is not one of mibyan's own files.
 
@@ -44,15 +45,20 @@ def protected_reason(
         home: the mibyan home of the running agent.
         cwd: the working directory the path is relative to (the process's own when omitted).
         extra: more files to protect, such as the modules the configured hooks live in.
-        writable: the one folder inside the home tools may write (a gateway agent's workspace).
+        writable: the folders inside the home tools may write (a gateway agent's workspace and its own
+            temp folder).
     """
     where = cwd if cwd is not None else Path.cwd()
     target = _resolved(path, where)
     home_dir = _resolved(home, where)
-    in_workspace = writable is not None and _inside(target, _resolved(writable, where))
-    if _inside(target, home_dir) and not in_workspace:
-        return f"{target} is in mibyan's home ({home_dir}), which only you may change"
-    if any(part == ".mibyan" for part in target.parts):
+    parts = target.parts
+    if _inside(target, home_dir):
+        if not any(_inside(target, _resolved(folder, where)) for folder in writable):
+            return f"{target} is in mibyan's home ({home_dir}), which only you may change"
+        # the home's own name is not a project's folder: the default home is `~/.mibyan`, and a gateway
+        # agent's workspace inside it is still its own (a `.mibyan/` made inside that workspace is not)
+        parts = target.relative_to(home_dir).parts
+    if ".mibyan" in parts:
         return (
             f"{target} is in a project's .mibyan folder (mibyan's configuration), which only you may change"
         )
