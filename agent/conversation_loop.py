@@ -10,7 +10,13 @@ from typing import Any, assert_never
 from mibyan.agent.adapters.base import NormalizedResponse
 from mibyan.agent.budget import IterationBudget
 from mibyan.agent.errors import AgentBusyError
-from mibyan.agent.messages import Message, assistant_message, check_messages, user_message
+from mibyan.agent.messages import (
+    InvalidMessage,
+    Message,
+    assistant_message,
+    check_messages,
+    user_message,
+)
 from mibyan.agent.protocol import AgentBase, AgentCore
 from mibyan.agent.turn_api_error import failover_cause
 from mibyan.agent.turn_state import (
@@ -80,6 +86,55 @@ class ConversationLoopMixin(AgentBase):
             turn = self._begin_turn(user_message, system_message, conversation_history, task_id)
             step = self._loop(turn)
             return self._end_turn(turn, step)
+
+    def continue_turn(self, task_id: str | None = None) -> dict[str, Any]:
+        """Run the session's last turn on from its stored history, without a new user message.
+
+        For a turn cut off by a crash or a stop: the calls and results it stored stay as they are (a call
+        that was running has been answered "interrupted: no result" by the repair on open, and is never
+        run again), and the model is asked to go on from there. A turn whose answer is already stored
+        ends with that answer, without a model call. The model calls the cut turn made count against
+        this one's budget.
+
+        Returns:
+            What run_conversation returns.
+
+        Raises:
+            AgentBusyError: as run_conversation.
+            InvalidMessage: the session has no user message to go on from.
+        """
+        with self._one_run_at_a_time():
+            turn = self._resume_turn(task_id)
+            messages = turn.history.messages
+            last = messages[-1]
+            if last.get("role") == "assistant" and not last.get("tool_calls"):
+                step: NextStep = Final(str(last.get("content") or ""))
+            else:
+                step = self._loop(turn)
+            return self._end_turn(turn, step)
+
+    def _resume_turn(self, task_id: str | None) -> TurnState:
+        self._signal.clear()
+        self._restore_primary()
+        history = self.session.history
+        for note in history.close_open_calls():
+            self.callbacks.emit("status_callback", "repaired", note)
+        messages = history.messages
+        start = next((i for i in range(len(messages) - 1, -1, -1) if messages[i].get("role") == "user"), None)
+        if start is None:
+            raise InvalidMessage("the session has no turn to continue: it holds no user message")
+        said = messages[start].get("content")
+        budget = IterationBudget(self.settings.agent.max_turns)
+        for _ in range(sum(m.get("role") == "assistant" for m in messages[start:])):
+            if budget.remaining > 1:  # the cut turn's calls count; one is always left to answer with
+                budget.consume()
+        return TurnState(
+            task_id=task_id or f"task_{uuid.uuid4().hex[:12]}",
+            session=self.session,
+            system_prompt=self._session_system_prompt(),
+            message_layers=self._message_layers(said if isinstance(said, str) else ""),
+            budget=budget,
+        )
 
     @contextmanager
     def _one_run_at_a_time(self) -> Iterator[None]:

@@ -284,6 +284,16 @@ class History:
                 return said if isinstance(said, str) else None
         return None
 
+    def close_open_calls(self) -> list[str]:
+        """Answer the calls left without a result "interrupted: no result" and mend the rest; say what
+        changed. A call cut off mid-run is answered, never run again."""
+        notes: list[str] = []
+        for call_id in list(self._expected):  # the common case, closed by appends rather than a rewrite
+            self.append(tool_message(call_id, INTERRUPTED_RESULT))
+            notes.append(f"added the missing result of tool call {call_id}")
+        notes.extend(self.repair())
+        return notes
+
     def start_turn(self, content: str) -> list[str]:
         """Begin a user turn: close whatever the last turn left open, then append the user message.
 
@@ -294,10 +304,7 @@ class History:
         content, replaced = replace_invalid_text(content)
         if replaced:
             notes.append(f"replaced {replaced} characters of the prompt that were not valid text")
-        for call_id in list(self._expected):  # the common case, closed by appends rather than a rewrite
-            self.append(tool_message(call_id, INTERRUPTED_RESULT))
-            notes.append(f"added the missing result of tool call {call_id}")
-        notes.extend(self.repair())
+        notes.extend(self.close_open_calls())
         if self._messages and self._messages[-1].get("role") == "user":
             self.append(assistant_message(NO_REPLY))
             notes.append("added a placeholder reply to the unanswered user message")
