@@ -71,8 +71,9 @@ class ConversationLoopMixin(AgentBase):
             user_message: what the user says.
             system_message: a system prompt to use instead of the built one (kept for the session).
             conversation_history: a history to continue; it becomes this session's stored history. An
-                entry that is not a message (unknown role, no tool_call_id on a tool result) raises
-                InvalidMessage, a ValueError.
+                entry that is not a message (unknown role, content that is not text, tool_calls that
+                are not a list of calls, no tool_call_id on a tool result) raises InvalidMessage, a
+                ValueError naming the entry and field (`conversation_history[0].tool_calls: ...`).
             task_id: an id for this task's tools to share state by; generated when omitted.
 
         Returns:
@@ -151,13 +152,23 @@ class ConversationLoopMixin(AgentBase):
             self._running.release()
 
     def _adopt_history(self, messages: list[Message]) -> None:
-        """Make `messages` this session's history (stored as such); a leading system message is its prompt."""
+        """Make `messages` this session's history (stored as such).
+
+        A leading system message is the session's prompt; a system message later in the history (legal
+        in Chat Completions) is system context too: its text is added to the prompt, in order, rather
+        than dropped or turned into a turn nobody said.
+        """
         check_messages(messages)
         messages = list(messages)
         if messages and messages[0].get("role") == "system":
-            self.prompt.text = str(messages[0].get("content") or "")
+            self.prompt.text = _system_text(messages[0])
             self.prompt.custom = True
             messages = messages[1:]
+        later = [_system_text(m) for m in messages if m.get("role") == "system"]
+        if later:
+            self.prompt.text = "\n\n".join([self._session_system_prompt(), *later])
+            self.prompt.custom = True
+            messages = [m for m in messages if m.get("role") != "system"]
         self.session.adopt(messages)
 
     def _begin_turn(
@@ -279,3 +290,11 @@ class ConversationLoopMixin(AgentBase):
             "usage": turn.usage.as_dict(),
             "error": turn.error,
         }
+
+
+def _system_text(message: Message) -> str:
+    """A system message's text: its string, or the text of its content parts."""
+    content = message.get("content")
+    if isinstance(content, list):
+        return "".join(str(p.get("text") or "") for p in content if p.get("type") == "text")
+    return str(content or "")

@@ -34,7 +34,16 @@ from mibyan.gateway.approvals import (
 from mibyan.gateway.ledger import InboxEntry, Ledger, Reply
 from mibyan.gateway.resumption import cut_turn_start, not_to_resume
 from mibyan.gateway.streaming import AnswerStream
-from mibyan.gateway.work import Delta, Inbound, Job, Outcome, ShuttingDown, UnknownAgent, channel_key
+from mibyan.gateway.work import (
+    Delta,
+    Inbound,
+    Job,
+    Outcome,
+    RunFailed,
+    ShuttingDown,
+    UnknownAgent,
+    channel_key,
+)
 
 if TYPE_CHECKING:
     from run_agent import AIAgent
@@ -259,12 +268,8 @@ class Gateway:
                     outcome = await loop.run_in_executor(self._pool, self._run_job, job)
                 _resolve(job, outcome)
             except Exception as exc:  # the job's failure belongs to whoever waits for it
-                if isinstance(exc, ShuttingDown):
-                    pass  # left pending in the ledger: the next start runs it
-                elif isinstance(exc, MibyanError):
-                    log.warning("message %s on %s failed: %s", job.entry.id, key, exc)
-                else:
-                    log.exception("message %s on %s failed", job.entry.id, key)
+                if not isinstance(exc, ShuttingDown):  # else left pending: the next start runs it
+                    exc = await self._failed(job, exc)
                 if not job.future.done():  # a compression after delivery fails after the answer went out
                     job.future.set_exception(exc)
             finally:
@@ -272,6 +277,19 @@ class Gateway:
         queue.task = None
         if self._channels.get(key) is queue:
             del self._channels[key]
+
+    async def _failed(self, job: Job, exc: Exception) -> Exception:
+        """A run that raised: logged once, here, and marked failed, so no restart runs it again (a
+        message that fails every time would otherwise fail at every start). Returns what its waiter gets."""
+        entry = job.entry
+        if isinstance(exc, MibyanError):
+            log.warning("message %s on %s failed: %s", entry.id, entry.channel, exc)
+        else:
+            log.exception("message %s on %s failed", entry.id, entry.channel)
+            exc = RunFailed("the gateway failed on this request (its log has the cause)")
+        if not job.future.done():  # not after an answer that went out, then a compression that failed
+            await self._ledger(functools.partial(self.ledger.set_status, entry.id, "failed"))
+        return exc
 
     def _run_job(self, job: Job) -> Outcome:
         """Worker thread: build the channel's AIAgent, run the turn, record the reply."""
