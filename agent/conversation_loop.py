@@ -10,7 +10,13 @@ from typing import Any, assert_never
 from mibyan.agent.adapters.base import NormalizedResponse
 from mibyan.agent.budget import IterationBudget
 from mibyan.agent.errors import AgentBusyError
-from mibyan.agent.messages import Message, assistant_message, check_messages, user_message
+from mibyan.agent.messages import (
+    InvalidMessage,
+    Message,
+    assistant_message,
+    check_messages,
+    user_message,
+)
 from mibyan.agent.protocol import AgentBase, AgentCore
 from mibyan.agent.turn_api_error import failover_cause
 from mibyan.agent.turn_state import (
@@ -65,8 +71,9 @@ class ConversationLoopMixin(AgentBase):
             user_message: what the user says.
             system_message: a system prompt to use instead of the built one (kept for the session).
             conversation_history: a history to continue; it becomes this session's stored history. An
-                entry that is not a message (unknown role, no tool_call_id on a tool result) raises
-                InvalidMessage, a ValueError.
+                entry that is not a message (unknown role, content that is not text, tool_calls that
+                are not a list of calls, no tool_call_id on a tool result) raises InvalidMessage, a
+                ValueError naming the entry and field (`conversation_history[0].tool_calls: ...`).
             task_id: an id for this task's tools to share state by; generated when omitted.
 
         Returns:
@@ -80,6 +87,55 @@ class ConversationLoopMixin(AgentBase):
             turn = self._begin_turn(user_message, system_message, conversation_history, task_id)
             step = self._loop(turn)
             return self._end_turn(turn, step)
+
+    def continue_turn(self, task_id: str | None = None) -> dict[str, Any]:
+        """Run the session's last turn on from its stored history, without a new user message.
+
+        For a turn cut off by a crash or a stop: the calls and results it stored stay as they are (a call
+        that was running has been answered "interrupted: no result" by the repair on open, and is never
+        run again), and the model is asked to go on from there. A turn whose answer is already stored
+        ends with that answer, without a model call. The model calls the cut turn made count against
+        this one's budget.
+
+        Returns:
+            What run_conversation returns.
+
+        Raises:
+            AgentBusyError: as run_conversation.
+            InvalidMessage: the session has no user message to go on from.
+        """
+        with self._one_run_at_a_time():
+            turn = self._resume_turn(task_id)
+            messages = turn.history.messages
+            last = messages[-1]
+            if last.get("role") == "assistant" and not last.get("tool_calls"):
+                step: NextStep = Final(str(last.get("content") or ""))
+            else:
+                step = self._loop(turn)
+            return self._end_turn(turn, step)
+
+    def _resume_turn(self, task_id: str | None) -> TurnState:
+        self._signal.clear()
+        self._restore_primary()
+        history = self.session.history
+        for note in history.close_open_calls():
+            self.callbacks.emit("status_callback", "repaired", note)
+        messages = history.messages
+        start = next((i for i in range(len(messages) - 1, -1, -1) if messages[i].get("role") == "user"), None)
+        if start is None:
+            raise InvalidMessage("the session has no turn to continue: it holds no user message")
+        said = messages[start].get("content")
+        budget = IterationBudget(self.settings.agent.max_turns)
+        for _ in range(sum(m.get("role") == "assistant" for m in messages[start:])):
+            if budget.remaining > 1:  # the cut turn's calls count; one is always left to answer with
+                budget.consume()
+        return TurnState(
+            task_id=task_id or f"task_{uuid.uuid4().hex[:12]}",
+            session=self.session,
+            system_prompt=self._session_system_prompt(),
+            message_layers=self._message_layers(said if isinstance(said, str) else ""),
+            budget=budget,
+        )
 
     @contextmanager
     def _one_run_at_a_time(self) -> Iterator[None]:
@@ -96,13 +152,23 @@ class ConversationLoopMixin(AgentBase):
             self._running.release()
 
     def _adopt_history(self, messages: list[Message]) -> None:
-        """Make `messages` this session's history (stored as such); a leading system message is its prompt."""
+        """Make `messages` this session's history (stored as such).
+
+        A leading system message is the session's prompt; a system message later in the history (legal
+        in Chat Completions) is system context too: its text is added to the prompt, in order, rather
+        than dropped or turned into a turn nobody said.
+        """
         check_messages(messages)
         messages = list(messages)
         if messages and messages[0].get("role") == "system":
-            self.prompt.text = str(messages[0].get("content") or "")
+            self.prompt.text = _system_text(messages[0])
             self.prompt.custom = True
             messages = messages[1:]
+        later = [_system_text(m) for m in messages if m.get("role") == "system"]
+        if later:
+            self.prompt.text = "\n\n".join([self._session_system_prompt(), *later])
+            self.prompt.custom = True
+            messages = [m for m in messages if m.get("role") != "system"]
         self.session.adopt(messages)
 
     def _begin_turn(
@@ -224,3 +290,11 @@ class ConversationLoopMixin(AgentBase):
             "usage": turn.usage.as_dict(),
             "error": turn.error,
         }
+
+
+def _system_text(message: Message) -> str:
+    """A system message's text: its string, or the text of its content parts."""
+    content = message.get("content")
+    if isinstance(content, list):
+        return "".join(str(p.get("text") or "") for p in content if p.get("type") == "text")
+    return str(content or "")

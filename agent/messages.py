@@ -53,14 +53,17 @@ _ROLES = ("system", "user", "assistant", "tool")
 
 
 def check_messages(messages: list[Any], *, where: str = "conversation_history") -> None:
-    """Refuse, in one line naming the entry, what no repair can turn into a message.
+    """Refuse, in one line naming the entry and its field, what no repair can turn into a message.
 
     What breaks only the order rules (a missing result, two user messages in a row) is left for
-    `repair_history`; an entry that is not a dict, has an unknown role or is a tool result without the
-    id of its call is refused.
+    `repair_history`; an entry that is not a dict, has an unknown role, content that is not text (a
+    string, a list of parts, or None for an assistant message), tool calls that are not a list of
+    `{"id", "function": {"name", "arguments"}}` objects, or is a tool result without the id of its call
+    is refused.
 
     Raises:
-        InvalidMessage: naming the first bad entry, e.g. `conversation_history[3]: unknown role 'robot'`.
+        InvalidMessage: naming the first bad entry, e.g. `conversation_history[3]: unknown role 'robot'`
+            or `conversation_history[0].tool_calls: must be a list of tool calls, not str`.
     """
     for index, message in enumerate(messages):
         if not isinstance(message, dict):
@@ -70,8 +73,46 @@ def check_messages(messages: list[Any], *, where: str = "conversation_history") 
             raise InvalidMessage(
                 f"{where}[{index}]: unknown role {role!r} (expected one of {', '.join(_ROLES)})"
             )
-        if role == "tool" and not isinstance(message.get("tool_call_id"), str):
-            raise InvalidMessage(f"{where}[{index}]: a tool message needs its tool_call_id")
+        problem = _field_problem(message)
+        if problem is not None:
+            raise InvalidMessage(f"{where}[{index}].{problem}")
+
+
+def _field_problem(message: dict[str, Any]) -> str | None:
+    """What is wrong with one field of a message whose role is known, as `field: why`; None if nothing."""
+    role, content = message["role"], message.get("content")
+    text = isinstance(content, str) or (content is None and role == "assistant")
+    parts = isinstance(content, list) and all(isinstance(part, dict) for part in content)
+    if not text and not parts:
+        return f"content: must be a string or a list of content parts, not {type(content).__name__}"
+    calls = message.get("tool_calls")
+    if calls is not None:
+        if role != "assistant":
+            return "tool_calls: only an assistant message has tool calls"
+        if not isinstance(calls, list):
+            return f"tool_calls: must be a list of tool calls, not {type(calls).__name__}"
+        for number, call in enumerate(calls):
+            problem = _call_problem(call)
+            if problem is not None:
+                return f"tool_calls[{number}]{problem}"
+    if role == "tool" and not isinstance(message.get("tool_call_id"), str):
+        return "tool_call_id: a tool message needs the id of its call, a string"
+    return None
+
+
+def _call_problem(call: Any) -> str | None:
+    if not isinstance(call, dict):
+        return f": must be an object with an id and a function, not {type(call).__name__}"
+    if not isinstance(call.get("id"), str) or not call["id"]:
+        return ".id: must be a non-empty string"
+    function = call.get("function")
+    if not isinstance(function, dict):
+        return ".function: must be an object with a name and arguments"
+    if not isinstance(function.get("name"), str) or not function["name"]:
+        return ".function.name: must be a non-empty string"
+    if not isinstance(function.get("arguments", ""), str):
+        return ".function.arguments: must be a string (JSON text)"
+    return None
 
 
 class MessageSink(Protocol):
@@ -284,6 +325,16 @@ class History:
                 return said if isinstance(said, str) else None
         return None
 
+    def close_open_calls(self) -> list[str]:
+        """Answer the calls left without a result "interrupted: no result" and mend the rest; say what
+        changed. A call cut off mid-run is answered, never run again."""
+        notes: list[str] = []
+        for call_id in list(self._expected):  # the common case, closed by appends rather than a rewrite
+            self.append(tool_message(call_id, INTERRUPTED_RESULT))
+            notes.append(f"added the missing result of tool call {call_id}")
+        notes.extend(self.repair())
+        return notes
+
     def start_turn(self, content: str) -> list[str]:
         """Begin a user turn: close whatever the last turn left open, then append the user message.
 
@@ -294,10 +345,7 @@ class History:
         content, replaced = replace_invalid_text(content)
         if replaced:
             notes.append(f"replaced {replaced} characters of the prompt that were not valid text")
-        for call_id in list(self._expected):  # the common case, closed by appends rather than a rewrite
-            self.append(tool_message(call_id, INTERRUPTED_RESULT))
-            notes.append(f"added the missing result of tool call {call_id}")
-        notes.extend(self.repair())
+        notes.extend(self.close_open_calls())
         if self._messages and self._messages[-1].get("role") == "user":
             self.append(assistant_message(NO_REPLY))
             notes.append("added a placeholder reply to the unanswered user message")

@@ -33,8 +33,18 @@ from mibyan.gateway.approvals import (
     answer_first_text,
 )
 from mibyan.gateway.ledger import InboxEntry, Ledger, Reply
+from mibyan.gateway.resumption import cut_turn_start, not_to_resume
 from mibyan.gateway.streaming import AnswerStream
-from mibyan.gateway.work import Delta, Inbound, Job, Outcome, ShuttingDown, UnknownAgent, channel_key
+from mibyan.gateway.work import (
+    Delta,
+    Inbound,
+    Job,
+    Outcome,
+    RunFailed,
+    ShuttingDown,
+    UnknownAgent,
+    channel_key,
+)
 
 if TYPE_CHECKING:
     from run_agent import AIAgent
@@ -105,20 +115,20 @@ class Gateway:
         """Queue the messages a previous run recorded but did not answer; returns how many."""
         await self._ledger(self.ledger.forget_finished)
         pending = await self._ledger(self.ledger.unfinished)
+        queued = 0
         for entry in pending:
-            agent_id = entry.channel.split("/", 1)[0]
-            instance = self.agents.get(agent_id)
-            if instance is None:
+            instance = self.agents.get(entry.channel.split("/", 1)[0])
+            abandoned = not_to_resume(entry, instance)
+            if abandoned is not None:
                 log.warning(
-                    "ledger: message %s is for agent %s, which is no longer configured", entry.id, agent_id
+                    "ledger: message %s on %s is not run again: %s", entry.id, entry.channel, abandoned
                 )
                 await self._ledger(functools.partial(self.ledger.set_status, entry.id, "failed"))
                 continue
-            if entry.request.get("approval_answer"):  # its question died with the last run
-                await self._ledger(functools.partial(self.ledger.set_status, entry.id, "failed"))
-                continue
+            assert instance is not None
             self._enqueue(entry, entry.request, instance)
-        return len(pending)
+            queued += 1
+        return queued
 
     async def undelivered(self) -> list[Reply]:
         """Replies recorded but not sent before the last stop; older ones are marked stale, not returned."""
@@ -259,12 +269,8 @@ class Gateway:
                     outcome = await loop.run_in_executor(self._pool, self._run_job, job)
                 _resolve(job, outcome)
             except Exception as exc:  # the job's failure belongs to whoever waits for it
-                if isinstance(exc, ShuttingDown):
-                    pass  # left pending in the ledger: the next start runs it
-                elif isinstance(exc, MibyanError):
-                    log.warning("message %s on %s failed: %s", job.entry.id, key, exc)
-                else:
-                    log.exception("message %s on %s failed", job.entry.id, key)
+                if not isinstance(exc, ShuttingDown):  # else left pending: the next start runs it
+                    exc = await self._failed(job, exc)
                 if not job.future.done():  # a compression after delivery fails after the answer went out
                     job.future.set_exception(exc)
             finally:
@@ -273,13 +279,29 @@ class Gateway:
         if self._channels.get(key) is queue:
             del self._channels[key]
 
+    async def _failed(self, job: Job, exc: Exception) -> Exception:
+        """A run that raised: logged once, here, and marked failed, so no restart runs it again (a
+        message that fails every time would otherwise fail at every start). Returns what its waiter gets."""
+        entry = job.entry
+        if isinstance(exc, MibyanError):
+            log.warning("message %s on %s failed: %s", entry.id, entry.channel, exc)
+        else:
+            log.exception("message %s on %s failed", entry.id, entry.channel)
+            exc = RunFailed("the gateway failed on this request (its log has the cause)")
+        if not job.future.done():  # not after an answer that went out, then a compression that failed
+            await self._ledger(functools.partial(self.ledger.set_status, entry.id, "failed"))
+        return exc
+
     def _run_job(self, job: Job) -> Outcome:
         """Worker thread: build the channel's AIAgent, run the turn, record the reply."""
         entry, instance = job.entry, job.agent
         prepare_workspace(instance.workspace)
         stream = job.stream = AnswerStream(job.on_delta, job.preface)
         one_off = bool(job.request.get("one_off"))
-        session_id = None if one_off else entry.session_id or self.ledger.channel_session(entry.channel)
+        if one_off:  # a keyed one-off cut off mid-turn goes on in the session it began
+            session_id = entry.session_id if entry.status in ("running", "failed") else None
+        else:
+            session_id = entry.session_id or self.ledger.channel_session(entry.channel)
         callbacks = stream.callbacks()
         # asking needs a channel to answer in: a one-off conversation can never send its /approve
         if not one_off:
@@ -297,13 +319,18 @@ class Gateway:
         try:
             if not one_off:
                 self._open_channel_session(agent, entry, session_id, instance)
-            self.ledger.mark_running(entry.id, agent.session_id, len(agent.history))
+            cut = cut_turn_start(entry, agent.session_id, agent.history)
+            started = len(agent.history) if cut is None else cut
+            self.ledger.mark_running(entry.id, agent.session_id, started)
             job.session_id = agent.session_id
             if job.on_start is not None:
                 job.on_start(agent.session_id)
-            text = str(job.request["text"])
-            history = job.request.get("history")
-            result = agent.run_conversation(text, conversation_history=history if one_off else None)
+            if cut is not None:  # what the cut turn stored stays; nothing it ran runs again
+                result = agent.continue_turn()
+            else:
+                history = job.request.get("history")
+                text = str(job.request["text"])
+                result = agent.run_conversation(text, conversation_history=history if one_off else None)
             outcome = self._settle(job, result, stream)
             if outcome.error is None and not outcome.interrupted:
                 self._compress_after_delivery(job, agent, outcome)
@@ -350,12 +377,7 @@ class Gateway:
     def _open_channel_session(
         self, agent: AIAgent, entry: InboxEntry, session_id: str | None, instance: AgentInstance
     ) -> None:
-        """A new channel gets its session row (source gateway, the channel's key); a cut-off turn is undone.
-
-        A run cut off by a crash or a stop, or one that failed and is asked again under its message id,
-        left its user message (and perhaps tool calls) in the session: that turn is taken back, through
-        the history's own undo, so the rerun does not say it twice.
-        """
+        """A new channel gets its session row (source gateway, the channel's key)."""
         if session_id is None or self.store.get_session(agent.session_id) is None:
             runtime = agent.runtime
             self.store.create_session(
@@ -369,12 +391,6 @@ class Gateway:
                 cwd=str(instance.workdir),
             )
             agent.reload_prompt()
-            return
-        started = entry.history_length
-        if entry.status in ("running", "failed") and started is not None and len(agent.history) > started:
-            first = agent.history[started]
-            if first.get("role") == "user" and first.get("content") == entry.request["text"]:
-                agent.undo_last_turn()
 
     async def drain(self) -> None:
         """Take no new work; let running turns finish within shutdown_grace, then interrupt them."""

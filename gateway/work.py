@@ -25,6 +25,10 @@ class UnknownAgent(MibyanError):
     """A message names an agent the connector does not serve."""
 
 
+class RunFailed(MibyanError):
+    """A run raised on a fault of ours; the gateway's log has its traceback (logged once, by the runner)."""
+
+
 class ShuttingDown(MibyanError):
     """The gateway is stopping and takes no new work."""
 

@@ -365,7 +365,21 @@ def test_sessions_commands_import_no_configuration_or_sdk(home: Path, args: list
         ({"role": "robot", "content": "beep"}, "conversation_history[1]: unknown role 'robot'"),
         ({"content": "no role"}, "conversation_history[1]: unknown role None"),
         ("just text", "conversation_history[1]: a message must be a dict"),
-        ({"role": "tool", "content": "x"}, "conversation_history[1]: a tool message needs its tool_call_id"),
+        ({"role": "tool", "content": "x"}, "conversation_history[1].tool_call_id: a tool message needs"),
+        (
+            {"role": "assistant", "content": None, "tool_calls": "garbage"},
+            "conversation_history[1].tool_calls: must be a list of tool calls, not str",
+        ),
+        (
+            {"role": "assistant", "content": None, "tool_calls": [1, 2]},
+            "conversation_history[1].tool_calls[0]: must be an object",
+        ),
+        (
+            {"role": "assistant", "tool_calls": [{"function": {"name": "x", "arguments": "{}"}}]},
+            "conversation_history[1].tool_calls[0].id: must be a non-empty string",
+        ),
+        ({"role": "assistant", "content": 5}, "conversation_history[1].content: must be a string"),
+        ({"role": "user", "content": None}, "conversation_history[1].content: must be a string"),
     ],
 )
 def test_a_history_entry_that_is_not_a_message_is_refused_in_one_line(

@@ -13,8 +13,9 @@ from typing import Any
 
 from starlette.requests import ClientDisconnect, Request
 
+from mibyan.agent.messages import InvalidMessage, check_messages
+
 _ROLES = frozenset({"system", "user", "assistant", "tool"})
-_KEPT_KEYS = ("role", "content", "tool_calls", "tool_call_id", "name")
 _CHANNEL_MAX = 200
 _BODY_MAX = 8 * 1024 * 1024  # bytes of one request body: a conversation, not an upload
 
@@ -27,31 +28,72 @@ class HungUp(Exception):
     """The client went away before its request's body had arrived."""
 
 
-def _text_of(content: Any) -> str:
-    """A message's text: a string, or the text parts of a content list."""
+def _text_of(content: Any, where: str, *, kinds: tuple[str, ...] = ("text",)) -> str:
+    """A message's text: a string, or the text of a list of content parts (`kinds` are read)."""
     if isinstance(content, str):
         return content
-    if isinstance(content, list):
-        parts = [p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text"]
-        if all(isinstance(p, str) for p in parts) and parts:
-            return "".join(str(p) for p in parts)
-    raise BadRequest("message content must be a string or a list of text parts")
+    if isinstance(content, list) and content:
+        texts = []
+        for part in content:
+            kind = part.get("type") if isinstance(part, dict) else None
+            text = part.get(kind) if isinstance(part, dict) and isinstance(kind, str) else None
+            if kind in kinds and isinstance(text, str):
+                texts.append(text)
+            elif kind not in ("image_url", "input_audio", "file"):  # those are left out: text only
+                raise BadRequest(f"{where}: a content part must be one of {', '.join(kinds)} with its text")
+        if texts:
+            return "".join(texts)
+    raise BadRequest(f"{where}: must be a string or a list of text parts")
+
+
+def _message(index: int, message: Any) -> dict[str, Any]:
+    """One message of the request as the agent keeps it, or BadRequest naming the field at fault."""
+    where = f"messages[{index}]"
+    if not isinstance(message, dict):
+        raise BadRequest(f"{where}: must be an object")
+    role = message.get("role")
+    if role not in _ROLES:
+        raise BadRequest(f"{where}.role: must be one of {', '.join(sorted(_ROLES))}")
+    kept: dict[str, Any] = {"role": role}
+    content = message.get("content")
+    if role != "assistant" or content is not None:
+        kinds = ("text", "refusal") if role == "assistant" else ("text",)
+        kept["content"] = _text_of(content, f"{where}.content", kinds=kinds)
+    elif not message.get("tool_calls"):
+        raise BadRequest(f"{where}.content: an assistant message without tool calls needs its text")
+    else:
+        kept["content"] = None
+    for key in ("tool_calls", "tool_call_id", "name"):
+        if message.get(key) is not None:
+            kept[key] = message[key]
+    if role == "tool" and not (isinstance(kept.get("tool_call_id"), str) and kept["tool_call_id"]):
+        raise BadRequest(f"{where}.tool_call_id: a tool message needs the id of the call it answers")
+    if "name" in kept and not isinstance(kept["name"], str):
+        raise BadRequest(f"{where}.name: must be a string")
+    try:
+        check_messages([kept], where="messages")
+    except InvalidMessage as exc:  # the tool calls' shape: the library's rules, named at this index
+        raise BadRequest(str(exc).replace("messages[0]", where, 1)) from None
+    if "tool_calls" in kept:
+        kept["tool_calls"] = [_call(call) for call in kept["tool_calls"]]
+    return kept
+
+
+def _call(call: dict[str, Any]) -> dict[str, Any]:
+    function = call["function"]
+    return {
+        "id": call["id"],
+        "type": "function",
+        "function": {"name": function["name"], "arguments": function.get("arguments") or "{}"},
+    }
 
 
 def parse_messages(body: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
-    """The new user message and the messages before it, checked."""
+    """The new user message and the messages before it, each field checked (BadRequest names it)."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise BadRequest("'messages' must be a non-empty list")
-    cleaned: list[dict[str, Any]] = []
-    for index, message in enumerate(messages):
-        if not isinstance(message, dict) or message.get("role") not in _ROLES:
-            raise BadRequest(f"messages[{index}]: needs a role of {', '.join(sorted(_ROLES))}")
-        kept = {k: message[k] for k in _KEPT_KEYS if k in message and message[k] is not None}
-        if "content" in kept and message["role"] != "assistant":
-            kept["content"] = _text_of(kept["content"])
-        kept.setdefault("content", None if message["role"] == "assistant" else "")
-        cleaned.append(kept)
+    cleaned = [_message(index, message) for index, message in enumerate(messages)]
     last = cleaned[-1]
     if last["role"] != "user":
         raise BadRequest("the last message must be the user's (role 'user')")
