@@ -213,6 +213,9 @@ def _add_trust_command(commands: argparse._SubParsersAction[_Parser]) -> None:
     trust.add_argument("path", nargs="?", metavar="PATH", help="the project folder (default: here)")
     trust.add_argument("--list", action="store_true", help="the trusted folders")
     trust.add_argument("--remove", metavar="PATH", help="stop trusting a folder")
+    trust.add_argument(
+        "--yes", action="store_true", help="trust without asking (scripts; a terminal is asked otherwise)"
+    )
 
 
 def _show_warning(

@@ -8,9 +8,11 @@ file needs trusting again.
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from mibyan.agent.errors import MibyanError
 from mibyan.cli.exit_codes import EXIT_ERROR, EXIT_OK, EXIT_USAGE
@@ -37,21 +39,75 @@ def project_folder(path: Path) -> Path:
     return Path(folder_key(absolute))
 
 
-def _trust(home: Path, folder: Path) -> int:
+def _one_line(text: object) -> str:
+    """`text` made visible, its line ends too: a command is shown on one line, as it would run."""
+    return visible(str(text)).replace("\n", "\\n").replace("\t", "\\t")
+
+
+def commands_in(layer: dict[str, Any]) -> list[tuple[str, str]]:
+    """The commands a project file would have mibyan run once trusted, each with the key naming it:
+    `api_key_command`s, hooks and MCP servers' `command` (with its arguments)."""
+    found: list[tuple[str, str]] = []
+    providers = layer.get("providers")
+    for name, entry in (providers if isinstance(providers, dict) else {}).items():
+        if isinstance(entry, dict) and entry.get("api_key_command"):
+            found.append((f"providers.{name}.api_key_command", str(entry["api_key_command"])))
+    hooks = layer.get("hooks")
+    for event, commands in (hooks if isinstance(hooks, dict) else {}).items():
+        for index, command in enumerate(commands if isinstance(commands, list) else [commands]):
+            found.append((f"hooks.{event}[{index}]", str(command)))
+    servers = layer.get("mcp_servers")
+    for name, entry in (servers if isinstance(servers, dict) else {}).items():
+        if isinstance(entry, dict) and entry.get("command"):
+            args = entry.get("args")
+            words = [entry["command"], *(args if isinstance(args, list) else [])]
+            found.append((f"mcp_servers.{name}.command", shlex.join(str(word) for word in words)))
+    return [(_one_line(where), _one_line(command)) for where, command in found]
+
+
+def _confirmed(path: Path, needs_trust: list[str], commands: list[tuple[str, str]], *, yes: bool) -> bool:
+    """Whether the user trusts what the file would set: `--yes`, or `y` asked on a terminal.
+
+    Raises:
+        MibyanError: there is no terminal to ask on and no --yes.
+    """
+    if yes:
+        return True
+    shown = visible(str(path))
+    if not (sys.stdin.isatty() and sys.stdout.isatty()):
+        ran = f"would let {len(commands)} command(s) run and " if commands else ""
+        raise MibyanError(
+            f"{shown} {ran}would set {len(needs_trust)} key(s) only you may decide; run "
+            "'mibyan trust' on a terminal to see them and confirm, or add --yes"
+        )
+    print(f"{shown} would set what only you may decide: {', '.join(_one_line(k) for k in needs_trust)}")
+    if commands:
+        print("it would let these commands run:")
+        for where, command in commands:
+            print(f"  {where}: {command}")
+    try:
+        answer = input("Trust it? [y/N] ")
+    except (EOFError, KeyboardInterrupt):
+        print()
+        return False
+    return answer.strip().lower() in ("y", "yes")
+
+
+def _trust(home: Path, folder: Path, *, yes: bool) -> int:
     from mibyan.config.loader import parse_yaml, provider_names, trusted_layers
 
     path = project_config_path(project_folder(folder))
     if not path.is_file():
         raise MibyanError(f"{visible(str(path))} does not exist: there is nothing to trust")
-    data = path.read_bytes()
+    data = path.read_bytes()  # what is shown is what is trusted: the file is read once
     layer = parse_yaml(path, data)  # a broken file is reported now, not trusted
-    record = trust_folder(home, folder, data)
     _, needs_trust = split_untrusted(layer, provider_names(trusted_layers(home)))
-    applies = (
-        f"{', '.join(visible(str(k)) for k in needs_trust)} now apply"
-        if needs_trust
-        else "nothing in it needed trust"
-    )
+    keys = [str(k) for k in needs_trust]
+    if keys and not _confirmed(path, keys, commands_in(layer), yes=yes):
+        print(f"not trusted: {visible(str(path))}")
+        return EXIT_ERROR
+    record = trust_folder(home, folder, data)
+    applies = f"{', '.join(_one_line(k) for k in keys)} now apply" if keys else "nothing in it needed trust"
     print(f"trusted {visible(str(path))} (sha256 {record.sha256[:12]}): {applies}")
     return EXIT_OK
 
@@ -93,7 +149,7 @@ def run_trust(args: argparse.Namespace) -> int:
             if args.path is not None:
                 raise MibyanError("give the folder to --remove, not also as PATH")
             return _remove(home, project_folder(Path(args.remove)))
-        return _trust(home, project_folder(Path(args.path or ".")))
+        return _trust(home, project_folder(Path(args.path or ".")), yes=args.yes)
     except MibyanError as exc:
         sys.stderr.write(f"mibyan: error: {exc}\n")
         return EXIT_USAGE

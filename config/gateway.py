@@ -62,6 +62,14 @@ class Connector(_Section):
     host: str = "127.0.0.1"
     port: int = Field(default=8642, ge=0, le=65535)
     token_env: str = "MIBYAN_GATEWAY_TOKEN"
+    # a peer that sends this many wrong tokens in a row is answered 429 for auth_block seconds, twice as
+    # long each time it happens again
+    auth_failures: int = Field(default=10, gt=0)
+    auth_block: float = Field(default=60, gt=0)
+    # seconds a client has for its request's headers, and for its body; open connections at most
+    header_timeout: float = Field(default=10, gt=0)
+    body_timeout: float = Field(default=30, gt=0)
+    max_connections: int = Field(default=200, gt=0)
 
 
 class GatewaySection(_Section):

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -28,6 +30,16 @@ class Site:
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
                 site.seen.append((self.path, self.headers.get("Host", "")))
+                if self.path == "/drip":  # a byte at a time, each well within a read's timeout
+                    self.send_response(200)
+                    self.send_header("Content-Length", "100")
+                    self.end_headers()
+                    with contextlib.suppress(OSError):
+                        for _ in range(100):
+                            self.wfile.write(b"x")
+                            self.wfile.flush()
+                            time.sleep(0.1)
+                    return
                 if self.path in site.redirects:
                     self.send_response(302)
                     self.send_header("Location", site.redirects[self.path])
@@ -158,6 +170,15 @@ def test_a_public_page_redirecting_to_loopback_is_refused_before_loopback_is_rea
             transport=httpx2.MockTransport(public_internet),
         )
     assert asked == ["http://93.184.216.34/start"] and site.seen == []
+
+
+def test_the_timeout_bounds_the_whole_fetch_of_a_page_that_drips(site: Site) -> None:
+    started = time.monotonic()
+    with pytest.raises(ToolError, match="no complete reply within 1 s"):
+        fetch_page(f"http://127.0.0.1:{site.port}/drip", timeout=1, allow_private=True)
+    # a second of margin over the deadline; each read alone ends well within it, so before the
+    # timeout bounded the whole fetch this took 3 s
+    assert time.monotonic() - started < 2
 
 
 def test_redirects_stop_after_five_hops(site: Site) -> None:

@@ -69,7 +69,7 @@ def web_fetch(url: str, timeout: int = 20) -> str:
 
     Args:
         url: the address to fetch, starting with http:// or https://.
-        timeout: seconds to wait for the server.
+        timeout: seconds the whole fetch may take.
     """
     bound = context.current()
     return fetch_page(url, timeout=timeout, allow_private=bound is not None and bound.allow_private_web)
@@ -80,7 +80,7 @@ def fetch_page(url: str, *, timeout: float, allow_private: bool, transport: Any 
 
     Args:
         url: the address to fetch.
-        timeout: seconds to wait for the server.
+        timeout: seconds the whole fetch may take (redirects and a slowly sent page included).
         allow_private: loopback and private addresses may be reached (`web.allow_private`).
         transport: an httpx2 transport to send through instead of the network (for tests).
     """
@@ -128,12 +128,12 @@ def _interruptibly(
 
     threading.Thread(target=run, name="mibyan-web-fetch", daemon=True).start()
     # The client's timeout bounds each read, not the whole fetch: a slow trickle must end too.
-    context.wait_or_stop(lambda: bool(outcome), timeout * 3)
+    context.wait_or_stop(lambda: bool(outcome), timeout)
     if not outcome:
         transport.abort()
         if context.stop_requested():
             raise ToolError(f"interrupted while fetching {url}")
-        raise ToolError(f"cannot fetch {url}: no complete reply within {timeout * 3:g} s")
+        raise ToolError(f"cannot fetch {url}: no complete reply within {timeout:g} s")
     if "error" in outcome:
         raise outcome["error"]
     value: _Fetched = outcome["value"]

@@ -23,6 +23,7 @@ from mibyan.agent.errors import MibyanError
 from mibyan.cli.exit_codes import EXIT_ERROR, EXIT_OK, EXIT_USAGE
 from mibyan.cli.sanitize import visible
 from mibyan.config.paths import mibyan_home
+from mibyan.gateway.listener import ListenerLimits, server_config
 from mibyan.gateway.net import is_loopback_host, listen_on
 
 
@@ -70,8 +71,11 @@ async def _serve(store: SessionStore, listener: socket.socket, host: str) -> int
     port = listener.getsockname()[1]
     token = secrets.token_urlsafe(24)
     app = create_app(store, token=token, cookie=f"mibyan_web_{port}")
-    config = uvicorn.Config(
+    # a connection trickling its headers is closed after 10 s and at most 200 are open (the gateway's
+    # defaults): otherwise a few hundred of them would stop the viewer answering
+    config = server_config(
         app,
+        ListenerLimits(),
         log_config=None,
         log_level="warning",
         access_log=False,

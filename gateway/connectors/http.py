@@ -33,6 +33,7 @@ from mibyan.config.gateway import Connector as ConnectorSettings
 from mibyan.gateway.connectors.http_requests import (
     BadRequest,
     HungUp,
+    TooSlow,
     check_channel,
     check_message_key,
     check_text,
@@ -40,7 +41,9 @@ from mibyan.gateway.connectors.http_requests import (
     parse_messages,
     read_body,
 )
+from mibyan.gateway.connectors.throttle import AuthThrottle, peer_of
 from mibyan.gateway.ledger import Reply
+from mibyan.gateway.listener import ListenerLimits, server_config
 from mibyan.gateway.net import is_loopback_host, listen_on
 from mibyan.gateway.runner import Gateway
 from mibyan.gateway.work import Inbound, Outcome, ShuttingDown, UnknownAgent
@@ -48,24 +51,51 @@ from mibyan.gateway.work import Inbound, Outcome, ShuttingDown, UnknownAgent
 log = logging.getLogger("mibyan.gateway")
 
 
+MIN_TOKEN_LENGTH = 16  # characters of a token other machines may guess at
+
+
 def read_token(settings: ConnectorSettings, env: dict[str, str] | os._Environ[str]) -> str:
-    """The bearer token clients must send; ConfigError (one line) when its variable is not set."""
-    token = env.get(settings.token_env, "")
-    if token:
-        return token
-    if not is_loopback_host(settings.host):
+    """The bearer token clients must send, without blanks around it (HTTP drops them from a header).
+
+    Raises:
+        ConfigError: one line, when its variable is not set, is blank, or (on a host other machines
+            reach) holds fewer than MIN_TOKEN_LENGTH characters.
+    """
+    where = f"connector '{settings.name}'"
+    raw = env.get(settings.token_env)
+    token = (raw or "").strip()
+    remote = not is_loopback_host(settings.host)
+    if raw and not token:
+        raise ConfigError(f"{where}: {settings.token_env} is blank; no client could send it")
+    if not token and remote:
         raise ConfigError(
-            f"connector '{settings.name}': host {settings.host} is reachable from other machines; "
+            f"{where}: host {settings.host} is reachable from other machines; "
             f"set {settings.token_env} to a bearer token first (or bind 127.0.0.1)"
         )
-    raise ConfigError(
-        f"connector '{settings.name}': set {settings.token_env} to the bearer token clients must send"
-    )
+    if not token:
+        raise ConfigError(f"{where}: set {settings.token_env} to the bearer token clients must send")
+    if remote and len(token) < MIN_TOKEN_LENGTH:
+        raise ConfigError(
+            f"{where}: host {settings.host} is reachable from other machines and {settings.token_env} "
+            f"has {len(token)} character(s); use at least {MIN_TOKEN_LENGTH}, such as the output of "
+            "python3 -c 'import secrets; print(secrets.token_urlsafe(24))'"
+        )
+    return token
 
 
-def error(status: int, message: str, kind: str, code: str) -> JSONResponse:
-    """An error response in OpenAI's envelope."""
-    return JSONResponse({"error": {"message": message, "type": kind, "code": code}}, status_code=status)
+def error(
+    status: int,
+    message: str,
+    kind: str,
+    code: str,
+    *,
+    headers: dict[str, str] | None = None,
+    close: bool = False,
+) -> JSONResponse:
+    """An error response in OpenAI's envelope (`close`: and the connection is closed after it)."""
+    headers = {**(headers or {}), **({"Connection": "close"} if close else {})}
+    envelope = {"error": {"message": message, "type": kind, "code": code}}
+    return JSONResponse(envelope, status_code=status, headers=headers)
 
 
 def completion(outcome: Outcome, model: str) -> dict[str, Any]:
@@ -121,6 +151,12 @@ class HttpConnector:
         self.name = settings.name
         self.gateway = gateway
         self._token = read_token(settings, os.environ).encode()
+        self._throttle = AuthThrottle(failures=settings.auth_failures, block=settings.auth_block)
+        self._limits = ListenerLimits(
+            header_timeout=settings.header_timeout,
+            body_timeout=settings.body_timeout,
+            max_connections=settings.max_connections,
+        )
         self._server: _Server | None = None
         self._task: asyncio.Task[None] | None = None
         self._port = settings.port
@@ -141,8 +177,9 @@ class HttpConnector:
         )
 
     async def start(self) -> None:
-        config = uvicorn.Config(
+        config = server_config(
             self.app(),
+            self._limits,
             host=self.settings.host,
             port=self.settings.port,
             log_config=None,
@@ -171,26 +208,44 @@ class HttpConnector:
     async def deliver(self, reply: Reply) -> bool:
         return False  # HTTP replies are collected by the client repeating its request
 
-    def _authorized(self, request: Request) -> bool:
+    def _refused(self, request: Request) -> Response | None:
+        """401 for a missing or wrong token, 429 for a peer blocked after too many; None: go on."""
+        peer = peer_of(request.client.host if request.client else None)
+        wait = self._throttle.retry_after(peer)
+        if wait is not None:
+            return error(
+                429,
+                f"too many wrong bearer tokens from this address; retry in {wait} s",
+                "rate_limit_error",
+                "too_many_wrong_tokens",
+                headers={"Retry-After": str(wait)},
+            )
         header = request.headers.get("authorization", "")
         scheme, _, token = header.partition(" ")
-        return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), self._token)
+        if scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), self._token):
+            self._throttle.succeeded(peer)
+            return None
+        self._throttle.failed(peer)
+        log.info("a wrong or missing bearer token from %s", peer)
+        return error(401, "missing or wrong bearer token", "authentication_error", "invalid_api_key")
 
     async def _health(self, request: Request) -> Response:
         return JSONResponse({"status": "ok"})
 
     async def _models(self, request: Request) -> Response:
-        if not self._authorized(request):
-            return error(401, "missing or wrong bearer token", "authentication_error", "invalid_api_key")
+        refused = self._refused(request)
+        if refused is not None:
+            return refused
         served = [self.settings.agent] if self.settings.agent else sorted(self.gateway.agents)
         data = [{"id": agent, "object": "model", "created": 0, "owned_by": "mibyan"} for agent in served]
         return JSONResponse({"object": "list", "data": data})
 
     async def _chat(self, request: Request) -> Response:
-        if not self._authorized(request):
-            return error(401, "missing or wrong bearer token", "authentication_error", "invalid_api_key")
+        refused = self._refused(request)
+        if refused is not None:
+            return refused
         try:
-            body = parse_body(await read_body(request))
+            body = parse_body(await read_body(request, timeout=self._limits.body_timeout))
             model = body.get("model")
             if model is not None and not isinstance(model, str):
                 raise BadRequest("'model' must be a string")
@@ -204,6 +259,8 @@ class HttpConnector:
             instance = self.gateway.route(self.settings, model)
         except BadRequest as exc:
             return error(400, str(exc), "invalid_request_error", "bad_request")
+        except TooSlow as exc:
+            return error(408, str(exc), "invalid_request_error", "request_timeout", close=True)
         except HungUp:  # nobody to answer: a line in the log, no more
             log.info("a client hung up before its request had arrived")
             return Response(status_code=400)

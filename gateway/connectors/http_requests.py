@@ -8,6 +8,7 @@ arrived is `HungUp`.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -22,6 +23,10 @@ _BODY_MAX = 8 * 1024 * 1024  # bytes of one request body: a conversation, not an
 
 class BadRequest(Exception):
     """The request body is not a chat completion request we can serve."""
+
+
+class TooSlow(Exception):
+    """The client did not send its request's body within the connector's `body_timeout`."""
 
 
 class HungUp(Exception):
@@ -100,21 +105,25 @@ def parse_messages(body: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
     return str(last["content"]), cleaned[:-1]
 
 
-async def read_body(request: Request) -> bytes:
-    """The request body, refused (BadRequest) past `_BODY_MAX` bytes however it is sent."""
+async def read_body(request: Request, *, timeout: float) -> bytes:
+    """The request body, refused (BadRequest) past `_BODY_MAX` bytes however it is sent, and (TooSlow)
+    when all of it has not arrived `timeout` seconds after its headers."""
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > _BODY_MAX:
         raise BadRequest(f"the body is larger than {_BODY_MAX // (1024 * 1024)} MiB")
     parts: list[bytes] = []
     size = 0
     try:
-        async for part in request.stream():
-            size += len(part)
-            if size > _BODY_MAX:
-                raise BadRequest(f"the body is larger than {_BODY_MAX // (1024 * 1024)} MiB")
-            parts.append(part)
+        async with asyncio.timeout(timeout):
+            async for part in request.stream():
+                size += len(part)
+                if size > _BODY_MAX:
+                    raise BadRequest(f"the body is larger than {_BODY_MAX // (1024 * 1024)} MiB")
+                parts.append(part)
     except ClientDisconnect:
         raise HungUp from None
+    except TimeoutError:
+        raise TooSlow(f"the request's body did not arrive within {timeout:g} s") from None
     return b"".join(parts)
 
 
