@@ -351,3 +351,18 @@ def test_connections_without_servers_start_nothing_and_never_load_the_sdk(tmp_pa
         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
     )
     assert done.stdout.strip() == "[]", done.stdout + done.stderr
+
+
+def test_a_servers_stderr_reaches_the_log_with_its_escapes_made_visible(home: Path) -> None:
+    from conftest import wait_until
+
+    from mibyan.config.mcp import McpServerSettings
+    from mibyan.tools.mcp_connections import McpConnections
+
+    hostile = "printf 'boom \\033[2J\\033]0;owned\\007\\n' >&2; exit 1"
+    servers = {"loud": McpServerSettings(command="sh", args=["-c", hostile])}
+    with McpConnections(servers, home=home, start_timeout=10) as connections:
+        assert connections.wait_settled(timeout=30)
+    log = home / "logs" / "mcp.log"
+    assert wait_until(lambda: log.exists() and b"boom" in log.read_bytes())
+    assert log.read_bytes() == b"loud: boom \\x1b[2J\\x1b]0;owned\\x07\n"

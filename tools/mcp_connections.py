@@ -305,8 +305,7 @@ class McpConnections:
     def _errlog(self) -> IO[bytes]:
         """Where the servers' stderr goes: `$MIBYAN_HOME/logs/mcp.log` (0600), else nowhere.
 
-        The servers write to the file themselves, so it cannot be capped as it grows: a file past
-        `_LOG_LIMIT` is started afresh when a server starts.
+        A file past `_LOG_LIMIT` is started afresh when a server starts.
         """
         folder = self._home / "logs"
         path = folder / "mcp.log"
