@@ -37,8 +37,6 @@ Status = Literal["starting", "ready", "failed", "stopped"]
 #: How long close() waits for the servers to stop (each gets its stdin closed, then signals).
 _CLOSE_WAIT = 5.0
 _LOG_LIMIT = 8 * 1024 * 1024
-#: The most tools taken from one server: each one's schema is sent with every request.
-MAX_TOOLS = 256
 _VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 MISSING_SDK = "the mcp package is not installed (pip install 'mibyan[mcp]')"
 
@@ -54,6 +52,7 @@ class ServerState:
     error: str | None = None
     tools: list[McpTool] | None = None  # the cached list until the server lists its own
     last_failure: str | None = None  # why it did not start in the last run (from the cache)
+    last_failure_named: bool = False  # said already, by a toolset of these connections
     live: bool = False  # `tools` came from the server in this run
     pid: int | None = None
     left_out: dict[str, str] = field(default_factory=dict)  # tools the SDK would refuse, and why
@@ -208,6 +207,8 @@ class McpConnections:
         """One server's whole connection: connect, list the tools, then hold it open until close()."""
         import anyio
 
+        from mibyan.tools.mcp_listing import list_tools
+
         assert self._stop is not None
         with anyio.CancelScope() as scope:
             self._scopes[state.name] = scope
@@ -215,7 +216,7 @@ class McpConnections:
             try:
                 client, check = self._client(state)
                 async with client:
-                    tools = await _list_tools(state.name, client)
+                    tools = await list_tools(state.name, client)
                     state.client, state.tools, state.live = client, tools, True
                     state.left_out = dict(check.left_out)
                     for tool, why in state.left_out.items():
@@ -383,31 +384,6 @@ class McpConnections:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-async def _list_tools(server: str, client: Any) -> list[McpTool]:
-    """The server's tools, page by page, up to `MAX_TOOLS` (each costs room in every request)."""
-    tools: list[McpTool] = []
-    cursor = None
-    for _ in range(100):  # a server whose pages never end cannot hold the start forever
-        if len(tools) >= MAX_TOOLS:
-            log.warning("MCP server %s lists more than %d tools; the rest are left out", server, MAX_TOOLS)
-            return tools[:MAX_TOOLS]
-        page = await client.list_tools(cursor=cursor)
-        for tool in page.tools:
-            annotations = tool.annotations
-            tools.append(
-                McpTool(
-                    name=tool.name,
-                    description=tool.description or tool.title or "",
-                    input_schema=dict(tool.input_schema or {"type": "object"}),
-                    read_only=bool(annotations is not None and annotations.read_only_hint),
-                )
-            )
-        cursor = page.next_cursor
-        if cursor is None:
-            break
-    return tools[:MAX_TOOLS]
 
 
 async def _call(client: Any, tool: str, arguments: dict[str, Any], timeout: float) -> Any:

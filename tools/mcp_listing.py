@@ -1,4 +1,5 @@
-"""One bad tool of an MCP server leaves that tool out, not the server.
+"""How an MCP server's tool list is read: page by page, capped, and one bad tool leaves that tool out,
+not the server.
 
 The SDK validates a `tools/list` answer whole: a single tool with an `inputSchema` of `"nope"` makes
 `list_tools()` raise, and the server with all its good tools is lost. So the transport's streams are
@@ -12,6 +13,7 @@ Imported on the MCP thread only: it imports the SDK.
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -21,9 +23,15 @@ from mcp_types import JSONRPCRequest, JSONRPCResponse
 from mcp_types.methods import validate_server_result
 from pydantic import ValidationError
 
+from mibyan.tools.mcp_cache import McpTool
+
+log = logging.getLogger("mibyan.mcp")
+
 #: How much of a bad tool's name is kept to name it (the server chose it).
 _NAME_SHOWN = 80
 _FALLBACK_VERSION = "2025-11-25"  # the SDK's own, before the version is negotiated
+#: The most tools taken from one server: each one's schema is sent with every request.
+MAX_TOOLS = 256
 
 
 class ToolListCheck:
@@ -142,3 +150,28 @@ async def checking_tool_lists(transport: Any, check: ToolListCheck) -> AsyncIter
     async with transport as streams:
         read, write = streams[0], streams[1]
         yield _Reads(read, check), _Writes(write, check)
+
+
+async def list_tools(server: str, client: Any) -> list[McpTool]:
+    """The server's tools, page by page, up to `MAX_TOOLS` (each costs room in every request)."""
+    tools: list[McpTool] = []
+    cursor = None
+    for _ in range(100):  # a server whose pages never end cannot hold the start forever
+        if len(tools) >= MAX_TOOLS:
+            log.warning("MCP server %s lists more than %d tools; the rest are left out", server, MAX_TOOLS)
+            return tools[:MAX_TOOLS]
+        page = await client.list_tools(cursor=cursor)
+        for tool in page.tools:
+            annotations = tool.annotations
+            tools.append(
+                McpTool(
+                    name=tool.name,
+                    description=tool.description or tool.title or "",
+                    input_schema=dict(tool.input_schema or {"type": "object"}),
+                    read_only=bool(annotations is not None and annotations.read_only_hint),
+                )
+            )
+        cursor = page.next_cursor
+        if cursor is None:
+            break
+    return tools[:MAX_TOOLS]

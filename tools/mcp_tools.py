@@ -151,11 +151,14 @@ class McpToolset:
         # a subagent's toolset leaves all of that to its parent
         self._reported: dict[str, str | None] = {}
         self._reported_cap: dict[str, int] = {}
+        self._reported_tools: set[str] = set()
         if not owned:
-            self._reported = {n: s.error or s.last_failure for n, s in connections.servers.items()}
+            for name, state in connections.servers.items():
+                said = state.error if state.status == "failed" else None
+                said = said or (state.last_failure if state.last_failure_named else None)
+                if said is not None:
+                    self._reported[name] = said
             self._reported_tools = set(connections.servers)
-        else:
-            self._reported_tools = set()
         connections.on_change(self._on_change)
         if any(state.tools is None for state in connections.servers.values()):
             connections.start()  # the first request waits for these: start them now
@@ -243,8 +246,13 @@ class McpToolset:
         last = [
             s
             for s in servers
-            if s.status == "starting" and s.last_failure is not None and s.name not in self._reported
+            if s.status == "starting"
+            and s.last_failure is not None
+            and not s.last_failure_named
+            and s.name not in self._reported
         ]
+        for state in last:
+            state.last_failure_named = True  # by one of the toolsets sharing the connections only
         self._reported.update({s.name: s.error for s in failed} | {s.name: s.last_failure for s in last})
         if failed and all(s.error == MISSING_SDK for s in failed):
             names = ", ".join(s.name for s in failed)
