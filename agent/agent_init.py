@@ -223,6 +223,7 @@ def start_mcp(
         owned=shared is None,
         signal=agent._signal,
         default_timeout=settings.agent.tool_timeout,
+        max_tools=settings.mcp.max_tools,
         allow=settings.tools.allow,
         deny=deny,
         only=only,

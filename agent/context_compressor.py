@@ -1,10 +1,12 @@
 """The default context engine: prune old tool outputs, then summarize the middle of the conversation.
 
 What is kept intact: the first user message (the task) and the newest `compression.protect_last_n`
-messages (the boundary moves back so a tool call is never cut from its results), fewer when those alone
-would not fit. What goes: first the bulk of old tool outputs; if that is not enough, the middle is
-summarized by the auxiliary model with a structured prompt; if the result is still too big, the longest
-texts and tool arguments are cut (their beginning and end kept, the pairing of calls untouched).
+messages (the boundary moves back so a tool call is never cut from its results), fewer only when those
+alone would not fit the window (after an overflow: the target). What goes: first the bulk of old tool
+outputs; if that is not enough, the middle is summarized by the auxiliary model with a structured
+prompt; if the result is still too big, the longest texts and tool arguments before the tail are cut
+(their beginning and end kept, the pairing of calls untouched), and the tail's only if it leaves too
+little of the window.
 If summarizing fails, a deterministic summary says plainly that details were dropped.
 The result always obeys the message rules. The summary also lists facts worth keeping beyond the
 session; the agent stores them (the memory flush) before the summarized messages leave the context.
@@ -23,6 +25,7 @@ _RESULT_IN_PROMPT = 1500
 _PROMPT_LIMIT = 120_000
 _TARGET_SHARE = 0.6  # after compressing, aim for this share of the threshold
 _TAIL_SHARE = 0.8  # the protected tail may take this much of the room left; the rest is for the summary
+_WORTH_SUMMARIZING = 0.25  # of the threshold: less before the protected tail is not compressed for
 _CUT_FLOOR = 400  # characters: no message is cut shorter than this
 _PROMPT_SHARE_OF_WINDOW = 2.0  # the summarizer's excerpt: at most half the window (4 characters a token)
 
@@ -105,7 +108,17 @@ class ContextCompressor(ContextEngine):
     def should_compress(
         self, messages: list[Message], *, system_prompt: str, tools: list[ToolSchema], threshold: float
     ) -> bool:
-        return self.estimator.estimate(messages, system_prompt, tools) > threshold * self.window
+        """Past `threshold` of the window, when compressing would win something: a protected tail may
+        be past the threshold by itself, and summarizing the two messages that just left it, at every
+        request, would cost a summary and a session each time. So it waits until what lies before the
+        tail is worth it, or the history nears the window."""
+        total = self.estimator.estimate(messages, system_prompt, tools)
+        if total <= threshold * self.window:
+            return False
+        if total > self.window * _TAIL_SHARE:
+            return True
+        tail = self._tail_start(messages, self.settings.compression.protect_last_n)
+        return self.estimator.estimate(messages[1:tail]) > threshold * self.window * _WORTH_SUMMARIZING
 
     @staticmethod
     def _tail_start(messages: list[Message], protect: int) -> int:
@@ -122,12 +135,14 @@ class ContextCompressor(ContextEngine):
         return target
 
     def _fitting_tail(
-        self, messages: list[Message], system_prompt: str, tools: list[ToolSchema], target: float
+        self, messages: list[Message], system_prompt: str, tools: list[ToolSchema], limit: float
     ) -> int:
         """Where the protected tail starts: the newest `protect_last_n` messages, or fewer when those alone
-        would not leave room for the task and the summary (halving down to the last message)."""
+        would not fit `limit` beside the task and leave room for the summary (halving down to the last
+        message). The tail is protected against the window, not the preflight target: that it would not
+        fit under the threshold is no reason to summarize what the user said a moment ago."""
         fixed = self.estimator.estimate([], system_prompt, tools)  # sent whatever the history holds
-        room = (target - fixed) * _TAIL_SHARE
+        room = (limit - fixed) * _TAIL_SHARE
         protect = self.settings.compression.protect_last_n
         while True:
             tail = self._tail_start(messages, protect)
@@ -140,7 +155,9 @@ class ContextCompressor(ContextEngine):
     ) -> CompressionResult | None:
         before = self.estimator.estimate(messages, system_prompt, tools)
         target = self._target(before, reason)
-        tail = self._fitting_tail(messages, system_prompt, tools, target)
+        # after an overflow the window is smaller than we know: the target is all that is known to fit
+        limit = target if reason == "overflow" else self.window
+        tail = self._fitting_tail(messages, system_prompt, tools, limit)
         pruned, count = self._prune(messages, tail)
         after = self.estimator.estimate(pruned, system_prompt, tools)
         # On request, or after the provider said the request was too long, pruning alone is not trusted.
@@ -151,7 +168,11 @@ class ContextCompressor(ContextEngine):
         if tail > 1:
             compressed, failed, facts = self._summarize_middle(pruned, tail)
             summarized = tail - 1
-        compressed, cut = self._cut_to_fit(compressed, system_prompt, tools, target)
+        kept = len(messages) - tail  # the protected tail, at the end of `compressed` too
+        compressed, cut = self._cut_to_fit(compressed, system_prompt, tools, target, keep=kept)
+        if self.estimator.estimate(compressed, system_prompt, tools) > limit * _TAIL_SHARE:
+            # the tail alone leaves too little of the window: its messages are cut as well
+            compressed, cut = self._cut_to_fit(compressed, system_prompt, tools, target)
         if not summarized and not cut and not count:
             return None
         after = self.estimator.estimate(compressed, system_prompt, tools)
@@ -189,20 +210,28 @@ class ContextCompressor(ContextEngine):
         return compressed, failed, [] if failed else facts_in(summary)
 
     def _cut_to_fit(
-        self, messages: list[Message], system_prompt: str, tools: list[ToolSchema], target: float
+        self,
+        messages: list[Message],
+        system_prompt: str,
+        tools: list[ToolSchema],
+        target: float,
+        *,
+        keep: int = 0,
     ) -> tuple[list[Message], int]:
         """Shorten the longest texts and arguments (halving a cap) until the history fits `target` or
-        every message is down to a few hundred characters; returns how many messages were cut."""
-        longest = max((len(str(m.get("content") or "")) for m in messages), default=0)
+        every message is down to a few hundred characters; the last `keep` messages stay as they are.
+        Returns how many messages were cut."""
+        head, kept = messages[: len(messages) - keep], messages[len(messages) - keep :]
+        longest = max((len(str(m.get("content") or "")) for m in head), default=0)
         longest = max(
             [longest]
-            + [len(c["function"].get("arguments") or "") for m in messages for c in m.get("tool_calls") or ()]
+            + [len(c["function"].get("arguments") or "") for m in head for c in m.get("tool_calls") or ()]
         )
         cap = longest
         shortened = messages
         while cap > _CUT_FLOOR and self.estimator.estimate(shortened, system_prompt, tools) > target:
             cap = max(_CUT_FLOOR, cap // 2)
-            shortened = [shorten_message(m, cap) for m in messages]
+            shortened = [shorten_message(m, cap) for m in head] + kept
         cut = sum(1 for old, new in zip(messages, shortened, strict=True) if old is not new)
         return shortened, cut
 

@@ -56,6 +56,8 @@ def describe(connections: McpConnections, offered: set[str] | None = None) -> li
                 marks.append("not offered")
             summary = (tool.description.strip().splitlines() or [""])[0][:90]
             lines.append(f"    {name}{'  (' + ', '.join(marks) + ')' if marks else ''}  {summary}")
+        for name, why in state.left_out.items():
+            lines.append(f"    {name}  (left out, not a valid tool: {why})")
         if len(shown) < len(tools):
             lines.append(f"    ({len(tools) - len(shown)} more left out by tools.include/exclude)")
     return [visible(line) for line in lines]

@@ -66,6 +66,8 @@ class McpServerSettings(_Section):
 
 class McpSection(_Section):
     start_timeout: float = Field(default=10, gt=0)
+    #: The most MCP tools offered to the model, all servers together: each schema rides on every request.
+    max_tools: int = Field(default=128, ge=0)
 
 
 def check_server_names(servers: dict[str, McpServerSettings]) -> dict[str, McpServerSettings]:

@@ -155,3 +155,39 @@ def test_manual_compress(server: ScriptedServer, make_agent) -> None:
 
     assert report["compressed"] is True and report["session_id"] != before
     assert "summarized" in report["report"]
+
+
+def test_the_last_protect_last_n_messages_are_kept_verbatim_when_they_fit_the_window(
+    scripted, make_scripted_agent, home: Path
+) -> None:
+    # 28 turns of about 380 tokens a message: the newest 20 (about 7.6k tokens) fit the 16k window,
+    # though not under the preflight threshold (half of it): they are kept as they are all the same
+    configure(home)
+    history: list[dict] = []
+    for turn in range(28):
+        history.append({"role": "user", "content": f"Question {turn}: " + "why is that so? " * 95})
+        history.append({"role": "assistant", "content": f"Answer {turn}: " + "because it is. " * 100})
+
+    def script(body: dict) -> Reply:
+        if is_summary_request(body):
+            return Reply(text="summary")
+        usage = {"prompt_tokens": len(json.dumps(body)) // 4, "completion_tokens": 5}  # as sent
+        if any(m["role"] == "tool" for m in body["messages"]):
+            return Reply(text="ok", usage=usage)
+        return Reply(tool_calls=[("list_directory", {})], usage=usage)
+
+    scripted.default = script
+    kinds: list[str] = []
+    agent = make_scripted_agent(status_callback=lambda kind, message: kinds.append(kind))
+    result = agent.run_conversation("go on", conversation_history=history)
+
+    assert result["final_response"] == "ok"
+    asked = [r.body["messages"] for r in scripted.requests if not is_summary_request(r.body)]
+    sent = asked[0]
+    # the next request is over the threshold too, but there is too little outside the tail to summarize
+    assert len(asked) == 2 and asked[1][:-2] == sent and kinds.count("compressed") == 1
+    expected = [*history, {"role": "user", "content": "go on"}]
+    assert sent[2]["content"].startswith("[Summary of")
+    assert sent[-20:] == expected[-20:]  # the newest 20, word for word
+    # the system prompt, the task, the summary, the note that the conversation goes on, the 20
+    assert len(sent) == 4 + 20

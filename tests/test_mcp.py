@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from mcp_test_server import Record
 
 SERVER_SCRIPT = str(Path(__file__).with_name("mcp_test_server.py"))
+RAW_SERVER = str(Path(__file__).with_name("mcp_raw_server.py"))
 
 
 @pytest.fixture(scope="module")
@@ -158,6 +159,44 @@ def test_a_broken_or_hanging_server_is_one_line_and_the_run_goes_on(
         "is not set in the environment",
     ]
     assert hung is not None and not process_alive(hung)
+
+
+def test_a_tool_with_an_invalid_schema_is_left_out_and_named_and_the_others_work(
+    server: ScriptedServer, make_agent: Callable[..., Any]
+) -> None:
+    from mibyan.cli.mcp import describe
+
+    notes: list[str] = []
+    server.add(Reply(tool_calls=[("mcp__raw__echo", {"text": "still works"})]), Reply(text="done"))
+    servers = {"raw": {"command": sys.executable, "args": [RAW_SERVER], "approval": "allow"}}
+    with make_agent(mcp_servers=servers, status_callback=lambda kind, text: notes.append(text)) as agent:
+        result = agent.run_conversation("go")
+        listed = describe(agent.tools.mcp.connections)  # what `mibyan mcp list` and /mcp show
+    assert tool_results(result) == ["still works"]
+    assert {n for n in offered(server) if n.startswith("mcp__")} == {"mcp__raw__echo"}
+    why = "inputSchema: Input should be a valid dictionary"
+    assert [n for n in notes if "MCP" in n] == [
+        f"MCP server 'raw': tools left out, not valid: 'broken' ({why})"
+    ]
+    assert listed[0].startswith("raw  [ready]")
+    assert f"    broken  (left out, not a valid tool: {why})" in listed
+
+
+def test_the_mcp_tools_offered_are_capped_and_what_is_left_out_is_named(
+    server: ScriptedServer, make_agent: Callable[..., Any], home: Path
+) -> None:
+    (home / "config.yaml").write_text("mcp: {max_tools: 3}\n")
+    many = {"command": sys.executable, "args": [RAW_SERVER], "env": {"MIBYAN_RAW_TOOLS": "4"}}
+    notes: list[str] = []
+    server.add(Reply(text="done"))
+    servers = {"a": many, "b": many}
+    with make_agent(mcp_servers=servers, status_callback=lambda k, m: notes.append(m)) as agent:
+        agent.run_conversation("go")
+    mcp_tools = {n for n in offered(server) if n.startswith("mcp__")}
+    assert mcp_tools == {"mcp__a__echo", "mcp__a__echo0", "mcp__a__echo1"}
+    assert [n for n in notes if "max_tools" in n] == [
+        "7 MCP tools left out, past mcp.max_tools (3): 2 of 'a', 5 of 'b'"
+    ]
 
 
 def test_without_the_sdk_a_configured_server_is_one_line(
@@ -312,3 +351,18 @@ def test_connections_without_servers_start_nothing_and_never_load_the_sdk(tmp_pa
         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
     )
     assert done.stdout.strip() == "[]", done.stdout + done.stderr
+
+
+def test_a_servers_stderr_reaches_the_log_with_its_escapes_made_visible(home: Path) -> None:
+    from conftest import wait_until
+
+    from mibyan.config.mcp import McpServerSettings
+    from mibyan.tools.mcp_connections import McpConnections
+
+    hostile = "printf 'boom \\033[2J\\033]0;owned\\007\\n' >&2; exit 1"
+    servers = {"loud": McpServerSettings(command="sh", args=["-c", hostile])}
+    with McpConnections(servers, home=home, start_timeout=10) as connections:
+        assert connections.wait_settled(timeout=30)
+    log = home / "logs" / "mcp.log"
+    assert wait_until(lambda: log.exists() and b"boom" in log.read_bytes())
+    assert log.read_bytes() == b"loud: boom \\x1b[2J\\x1b]0;owned\\x07\n"

@@ -143,3 +143,18 @@ def test_a_gateway_agents_runs_share_one_server_stopped_with_the_gateway(
     offered = [{tool["function"]["name"] for tool in r.body["tools"]} for r in server.requests]
     assert offered[0] == offered[2] == {"read_file", "mcp__py__pid"}
     assert wait_until(lambda: not tagged_processes(tag))
+
+
+def test_a_server_that_cannot_start_is_named_by_every_run_not_only_the_first(
+    server: ScriptedServer, home: Path, tmp_path: Path
+) -> None:
+    # the first run waits for it (its tools are not known); the next ones do not, as its cache says it
+    # has none, and end before it fails again: they must still say it is left out
+    write_config(home, {"broken": {"command": str(tmp_path / "no-such-server")}})
+    for run in range(2):
+        server.add(Reply(text="done"))
+        done = run_cli("chat", "-q", "hi", "--base-url", server.base_url, home=home)
+        assert done.returncode == 0, done.stderr
+        named = [line for line in done.stderr.splitlines() if "MCP server 'broken' is left out" in line]
+        assert len(named) == 1, (run, done.stderr)
+        assert "no-such-server: not found" in named[0]

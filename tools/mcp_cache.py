@@ -1,8 +1,9 @@
 """What mibyan remembers of an MCP server between runs: its tool list, keyed by its configuration.
 
 The first request of a run offers the tools from here, without waiting for the server to start; the
-list is replaced as soon as the server lists its own. A server that failed to start and was never seen
-working is remembered with no tools, so the next start does not wait for it either.
+list is replaced as soon as the server lists its own. A server that failed to start is remembered with
+why (and with no tools if it was never seen working), so the next start does not wait for it, and names
+it at once: its failure is not lost because the next run ends before the server fails again.
 """
 
 from __future__ import annotations
@@ -36,21 +37,32 @@ def config_key(settings: McpServerSettings) -> str:
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:32]
 
 
+@dataclass(frozen=True)
+class CachedServer:
+    """What the last run learnt of a server: its tools, and why it failed to start, if it did."""
+
+    tools: list[McpTool]
+    failure: str | None = None
+
+
 class ToolCache:
     """Each server's last tool list, in `$MIBYAN_HOME/cache/mcp/<key>.json` (0600)."""
 
     def __init__(self, home: Path) -> None:
         self.folder = home / "cache" / "mcp"
 
-    def load(self, settings: McpServerSettings) -> list[McpTool] | None:
+    def load(self, settings: McpServerSettings) -> CachedServer | None:
         try:
             raw = json.loads((self.folder / f"{config_key(settings)}.json").read_bytes())
-            return [McpTool(**entry) for entry in raw["tools"]]
-        except (OSError, ValueError, TypeError, KeyError):
+            failure = raw.get("failure")
+            tools = [McpTool(**entry) for entry in raw["tools"]]
+        except (OSError, ValueError, TypeError, KeyError, AttributeError):
             return None
+        return CachedServer(tools, failure if isinstance(failure, str) else None)
 
-    def save(self, settings: McpServerSettings, tools: list[McpTool]) -> None:
-        data = {"tools": [tool.__dict__ for tool in tools]}
+    def save(self, settings: McpServerSettings, tools: list[McpTool], *, failure: str | None = None) -> None:
+        """Remember the server's tools, and `failure`: why it did not start this time (None: it did)."""
+        data: dict[str, Any] = {"tools": [tool.__dict__ for tool in tools], "failure": failure}
         try:
             private_dir(self.folder)
             write_private(self.folder / f"{config_key(settings)}.json", json.dumps(data).encode())

@@ -37,8 +37,6 @@ Status = Literal["starting", "ready", "failed", "stopped"]
 #: How long close() waits for the servers to stop (each gets its stdin closed, then signals).
 _CLOSE_WAIT = 5.0
 _LOG_LIMIT = 8 * 1024 * 1024
-#: The most tools taken from one server: each one's schema is sent with every request.
-MAX_TOOLS = 256
 _VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 MISSING_SDK = "the mcp package is not installed (pip install 'mibyan[mcp]')"
 
@@ -53,8 +51,11 @@ class ServerState:
     status: Status = "starting"
     error: str | None = None
     tools: list[McpTool] | None = None  # the cached list until the server lists its own
+    last_failure: str | None = None  # why it did not start in the last run (from the cache)
+    last_failure_named: bool = False  # said already, by a toolset of these connections
     live: bool = False  # `tools` came from the server in this run
     pid: int | None = None
+    left_out: dict[str, str] = field(default_factory=dict)  # tools the SDK would refuse, and why
     settled: concurrent.futures.Future[None] = field(default_factory=concurrent.futures.Future)
     client: Any = None
 
@@ -102,10 +103,7 @@ class McpConnections:
         self._cwd = cwd
         self._cache = ToolCache(home)
         self.start_timeout = start_timeout
-        self.servers = {
-            name: ServerState(name, settings, float("inf"), tools=self._cache.load(settings))
-            for name, settings in servers.items()
-        }
+        self.servers = {name: self._state(name, settings) for name, settings in servers.items()}
         self._lock = threading.Lock()
         self._listeners: list[Callable[[], None]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -118,6 +116,12 @@ class McpConnections:
             self._closed = True
             for state in self.servers.values():
                 self._settle(state, "failed", MISSING_SDK)
+
+    def _state(self, name: str, settings: McpServerSettings) -> ServerState:
+        cached = self._cache.load(settings)
+        if cached is None:
+            return ServerState(name, settings, float("inf"))
+        return ServerState(name, settings, float("inf"), tools=cached.tools, last_failure=cached.failure)
 
     def start(self) -> None:
         """Start the servers, on the MCP thread, if they are not started yet (thread-safe, returns at once).
@@ -203,23 +207,27 @@ class McpConnections:
         """One server's whole connection: connect, list the tools, then hold it open until close()."""
         import anyio
 
+        from mibyan.tools.mcp_listing import list_tools
+
         assert self._stop is not None
         with anyio.CancelScope() as scope:
             self._scopes[state.name] = scope
             watchdog = asyncio.create_task(self._watch_start(state, scope))
             try:
-                async with self._client(state) as client:
-                    tools = await _list_tools(client)
+                client, check = self._client(state)
+                async with client:
+                    tools = await list_tools(state.name, client)
                     state.client, state.tools, state.live = client, tools, True
+                    state.left_out = dict(check.left_out)
+                    for tool, why in state.left_out.items():
+                        log.warning("MCP server %s: its tool %r is left out (%s)", state.name, tool, why)
                     self._cache.save(state.settings, tools)
                     self._settle(state, "ready")
                     await self._stop.wait()
             except Exception as exc:  # a broken server: reported as one line, the agent goes on without it
                 log.info("MCP server %s failed", state.name, exc_info=exc)  # the user sees one line
-                if state.tools is None:  # known as broken: the next start does not wait for it
-                    self._cache.save(state.settings, [])
                 if state.status == "starting":  # not what its stopping raised, once it failed or was up
-                    self._settle(state, "failed", _describe(exc))
+                    self._failed_to_start(state, _describe(exc))
             finally:
                 watchdog.cancel()
                 state.client = None
@@ -232,14 +240,19 @@ class McpConnections:
         await asyncio.sleep(max(0.0, state.deadline - time.monotonic()))
         if state.status == "starting":
             # failed now, not once its process is stopped (that takes a grace period)
-            if state.tools is None:  # the next first request does not wait for it again
-                self._cache.save(state.settings, [])
-            self._settle(state, "failed", f"did not start within {self.start_timeout:g} s")
+            self._failed_to_start(state, f"did not start within {self.start_timeout:g} s")
             scope.cancel()
 
-    def _client(self, state: ServerState) -> Any:
+    def _failed_to_start(self, state: ServerState, error: str) -> None:
+        """Known as broken: the next start neither waits for it nor forgets to name it."""
+        self._cache.save(state.settings, state.tools or [], failure=error)
+        self._settle(state, "failed", error)
+
+    def _client(self, state: ServerState) -> tuple[Any, Any]:
+        """The SDK's client of the server, and what checks its tool lists (see mcp_listing)."""
         from mcp import Client, types
 
+        from mibyan.tools.mcp_listing import ToolListCheck, checking_tool_lists
         from mibyan.tools.mcp_transport import http_transport, stdio_transport
 
         settings = state.settings
@@ -259,7 +272,10 @@ class McpConnections:
                 on_exit=lambda: self._exited(state),
             )
         info = types.Implementation(name="mibyan", version="0.1.0")
-        return Client(transport, client_info=info, mode="auto")
+        clients: list[Any] = []
+        check = ToolListCheck(lambda: clients[0].session.protocol_version if clients else None)
+        clients.append(Client(checking_tool_lists(transport, check), client_info=info, mode="auto"))
+        return clients[0], check
 
     def _exited(self, state: ServerState) -> None:
         """A stdio server's output ended: unless it is being stopped, it is gone (crashed, or quit)."""
@@ -290,8 +306,7 @@ class McpConnections:
     def _errlog(self) -> IO[bytes]:
         """Where the servers' stderr goes: `$MIBYAN_HOME/logs/mcp.log` (0600), else nowhere.
 
-        The servers write to the file themselves, so it cannot be capped as it grows: a file past
-        `_LOG_LIMIT` is started afresh when a server starts.
+        A file past `_LOG_LIMIT` is started afresh when a server starts.
         """
         folder = self._home / "logs"
         path = folder / "mcp.log"
@@ -369,31 +384,6 @@ class McpConnections:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-async def _list_tools(client: Any) -> list[McpTool]:
-    """The server's tools, page by page, up to `MAX_TOOLS` (each costs room in every request)."""
-    tools: list[McpTool] = []
-    cursor = None
-    for _ in range(100):  # a server whose pages never end cannot hold the start forever
-        if len(tools) >= MAX_TOOLS:
-            log.warning("an MCP server lists more than %d tools; the rest are left out", MAX_TOOLS)
-            return tools[:MAX_TOOLS]
-        page = await client.list_tools(cursor=cursor)
-        for tool in page.tools:
-            annotations = tool.annotations
-            tools.append(
-                McpTool(
-                    name=tool.name,
-                    description=tool.description or tool.title or "",
-                    input_schema=dict(tool.input_schema or {"type": "object"}),
-                    read_only=bool(annotations is not None and annotations.read_only_hint),
-                )
-            )
-        cursor = page.next_cursor
-        if cursor is None:
-            break
-    return tools[:MAX_TOOLS]
 
 
 async def _call(client: Any, tool: str, arguments: dict[str, Any], timeout: float) -> Any:

@@ -117,6 +117,8 @@ class McpToolset:
         owned: close() stops the servers (False for a subagent sharing its parent's).
         signal: the agent's interrupt signal (the first request's wait ends on it).
         default_timeout: seconds per call for a server without `timeout` (`agent.tool_timeout`).
+        max_tools: the most MCP tools offered, all servers together (`mcp.max_tools`); the rest, in
+            the order of the servers and of their lists, are left out and named.
         allow: when not empty, only these tools (`tools.allow`); deny: never these.
         only: when given, none but these (the agent's own allow list: a gateway agent's, a subagent's
             parent's offer), even when empty.
@@ -129,6 +131,7 @@ class McpToolset:
         owned: bool,
         signal: InterruptSignal,
         default_timeout: float,
+        max_tools: int = 128,
         allow: Iterable[str] = (),
         deny: Iterable[str] = (),
         only: Iterable[str] | None = None,
@@ -137,13 +140,25 @@ class McpToolset:
         self.owned = owned
         self._signal = signal
         self._default_timeout = default_timeout
+        self._max_tools = max_tools
+        self._beyond_cap: dict[str, int] = {}  # per server, the tools the cap left out at the last specs()
         self._allow, self._deny = set(allow), set(deny)
         self._only = frozenset(only) if only is not None else None
         self._changed = threading.Event()
         self._changed.set()
         self._waited = False
-        # a subagent's toolset leaves what its parent reported already to the parent
-        self._reported = {n for n, s in connections.servers.items() if not owned and s.status == "failed"}
+        # what was said of each server (its failure, its left-out tools) and of the cap: said once each;
+        # a subagent's toolset leaves all of that to its parent
+        self._reported: dict[str, str | None] = {}
+        self._reported_cap: dict[str, int] = {}
+        self._reported_tools: set[str] = set()
+        if not owned:
+            for name, state in connections.servers.items():
+                said = state.error if state.status == "failed" else None
+                said = said or (state.last_failure if state.last_failure_named else None)
+                if said is not None:
+                    self._reported[name] = said
+            self._reported_tools = set(connections.servers)
         connections.on_change(self._on_change)
         if any(state.tools is None for state in connections.servers.values()):
             connections.start()  # the first request waits for these: start them now
@@ -174,16 +189,23 @@ class McpToolset:
     def specs(self) -> dict[str, ToolSpec]:
         """A spec for each offered tool of each server that is up, starting, or known from the cache."""
         specs: dict[str, ToolSpec] = {}
+        beyond: dict[str, int] = {}
         for state in self.connections.servers.values():
             if state.status not in ("starting", "ready") or state.tools is None:
                 continue
+            if state.status == "starting" and state.last_failure is not None:
+                continue  # it failed at its last start: its tools are offered once it is up
             for tool in selected(state.tools, state.settings):
                 name = tool_name(state.name, tool.name, specs)
                 if name in self._deny or (self._allow and name not in self._allow):
                     continue
                 if self._only is not None and name not in self._only:
                     continue
+                if len(specs) >= self._max_tools:
+                    beyond[state.name] = beyond.get(state.name, 0) + 1
+                    continue
                 specs[name] = self._spec(state, tool, name)
+        self._beyond_cap = beyond
         return specs
 
     def _spec(self, state: ServerState, tool: McpTool, name: str) -> ToolSpec:
@@ -216,20 +238,53 @@ class McpToolset:
         )
 
     def notices(self) -> list[str]:
-        """One line for each server that failed since the last call (one line if the SDK is missing)."""
-        failed = [
+        """One line for each thing about the servers not said yet: a server left out (one line if the
+        SDK is missing), a server's tools left out as invalid, the tools beyond `mcp.max_tools`."""
+        servers = self.connections.servers.values()
+        failed = [s for s in servers if s.status == "failed" and self._reported.get(s.name) != s.error]
+        # failed at its last start, and not up yet: said now, or a run that ends first never says it
+        last = [
             s
-            for s in self.connections.servers.values()
-            if s.status == "failed" and s.name not in self._reported
+            for s in servers
+            if s.status == "starting"
+            and s.last_failure is not None
+            and not s.last_failure_named
+            and s.name not in self._reported
         ]
-        self._reported.update(s.name for s in failed)
+        for state in last:
+            state.last_failure_named = True  # by one of the toolsets sharing the connections only
+        self._reported.update({s.name: s.error for s in failed} | {s.name: s.last_failure for s in last})
         if failed and all(s.error == MISSING_SDK for s in failed):
             names = ", ".join(s.name for s in failed)
             return [f"MCP servers configured ({names}) but {MISSING_SDK}: going on without them"]
         lines = [f"MCP server {s.name!r} is left out: {s.error}" for s in failed]
+        lines += [
+            f"MCP server {s.name!r} is left out: {s.last_failure} (at its last start; it is started "
+            "again, and its tools are offered if it comes up)"
+            for s in last
+        ]
+        lines += self._invalid_tools_notices()
+        lines += self._cap_notices()
         for line in lines:
             log.warning(line)
         return lines
+
+    def _invalid_tools_notices(self) -> list[str]:
+        lines = []
+        for state in self.connections.servers.values():
+            if state.live and state.left_out and state.name not in self._reported_tools:
+                self._reported_tools.add(state.name)
+                tools = "; ".join(f"{name!r} ({why})" for name, why in state.left_out.items())
+                lines.append(f"MCP server {state.name!r}: tools left out, not valid: {tools}")
+        return lines
+
+    def _cap_notices(self) -> list[str]:
+        if not self._beyond_cap or self._beyond_cap == self._reported_cap:
+            return []
+        self._reported_cap = dict(self._beyond_cap)
+        parts = ", ".join(f"{count:,} of {name!r}" for name, count in self._beyond_cap.items())
+        total = sum(self._beyond_cap.values())
+        return [f"{total:,} MCP tools left out, past mcp.max_tools ({self._max_tools}): {parts}"]
 
     def close(self) -> None:
         """Stop the servers if this toolset owns them; either way, stop following them."""

@@ -3,8 +3,9 @@
 The HTTP transport is the SDK's. The stdio one is mibyan's own, for what the SDK's does not do: the
 server runs in its own session (the terminal's Ctrl-C is for mibyan, not for it) and, on Linux, is sent
 SIGTERM by the kernel the moment mibyan's process dies, however it dies; its stderr goes to a log file,
-not the terminal; a line on its stdout that is not JSON-RPC is logged and skipped; and stopping it is
-quick: stdin closed, a short grace, then SIGTERM and SIGKILL to its whole process group.
+not the terminal, line by line with the server's name and its control characters made visible; a
+line on its stdout that is not JSON-RPC is logged and skipped; and stopping it is quick: stdin closed,
+a short grace, then SIGTERM and SIGKILL to its whole process group.
 
 Imported on the MCP thread only: it imports the SDK.
 """
@@ -25,6 +26,8 @@ import anyio
 from mcp.shared.message import SessionMessage
 from mcp_types import jsonrpc_message_adapter
 from pydantic import ValidationError
+
+from mibyan.cli.sanitize import visible  # the one output sanitiser: the log is read on a terminal
 
 log = logging.getLogger("mibyan.mcp")
 
@@ -96,6 +99,22 @@ async def _read_messages(
             await sink.send(SessionMessage(message))
 
 
+async def _copy_stderr(name: str, stderr: asyncio.StreamReader, errlog: IO[bytes]) -> None:
+    """The server's stderr into the log, each line as `name: text`, escapes shown, not acting on the
+    terminal of whoever reads the log (a server could clear it, or retitle it, with a line)."""
+    with errlog:
+        while True:
+            try:
+                line = await stderr.readline()
+            except ValueError:  # a line past LINE_LIMIT: the reader dropped it
+                line = b"(a line too long for the log)\n"
+            if not line:
+                return
+            text = visible(line.decode("utf-8", "replace").rstrip("\n"))
+            with contextlib.suppress(OSError):  # a full disk loses the log, not the server
+                errlog.write(f"{name}: {text}\n".encode())
+
+
 async def _write_messages(stdin: asyncio.StreamWriter, source: anyio.abc.ObjectReceiveStream[Any]) -> None:
     async with source:
         async for message in source:
@@ -130,13 +149,13 @@ async def stop_process(process: asyncio.subprocess.Process, *, grace: float = EX
         os.killpg(process.pid, signal.SIGKILL)  # what it started and left behind in its group
 
 
-async def _spawn(spec: StdioCommand, errlog: IO[bytes]) -> asyncio.subprocess.Process:
+async def _spawn(spec: StdioCommand) -> asyncio.subprocess.Process:
     return await asyncio.create_subprocess_exec(
         spec.command,
         *spec.args,
         stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
-        stderr=errlog,
+        stderr=asyncio.subprocess.PIPE,
         env=dict(spec.env),
         cwd=spec.cwd,
         start_new_session=True,
@@ -156,19 +175,23 @@ async def stdio_transport(
 ) -> AsyncIterator[tuple[Any, Any]]:
     """Start the server and yield the SDK's (read stream, write stream) pair; stop it on the way out.
 
-    `errlog` (the server's stderr) is closed once the server has it; `on_started` gets the server's
-    pid, `on_exit` is called when its stdout ends (it exited, or is about to).
+    `errlog` gets the server's stderr (and is closed when that ends, or the server is stopped);
+    `on_started` gets the server's pid, `on_exit` is called when its stdout ends (it exited, or is
+    about to).
 
     Raises:
         OSError: the program cannot be started (not found, not executable, no such cwd).
     """
     try:
         with anyio.CancelScope(shield=True):  # a process started must be known, to be stopped
-            process = await _spawn(spec, errlog)
-    finally:
-        errlog.close()  # the server has its own copy
+            process = await _spawn(spec)
+    except BaseException:
+        errlog.close()
+        raise
     on_started(process.pid)
-    assert process.stdout is not None and process.stdin is not None
+    assert process.stdout is not None and process.stdin is not None and process.stderr is not None
+    # not in the task group below: what a server says as it stops (a traceback) should reach the log
+    copying = asyncio.create_task(_copy_stderr(name, process.stderr, errlog))
     read_send, read_receive = anyio.create_memory_object_stream[Any](0)
     write_send, write_receive = anyio.create_memory_object_stream[Any](0)
     grace = EXIT_GRACE
@@ -188,6 +211,9 @@ async def stdio_transport(
             await stop_process(process, grace=grace)
             for stream in (read_receive, write_send):
                 await stream.aclose()
+            # its stderr ends with it, unless something it started holds it open
+            await asyncio.wait([copying], timeout=EXIT_GRACE)
+            copying.cancel()
 
 
 @contextlib.asynccontextmanager
