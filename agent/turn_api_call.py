@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 from mibyan.agent.adapters.base import CallHandle, NormalizedResponse, WireRequest
 from mibyan.agent.callbacks import StreamRelay
 from mibyan.agent.http_transport import AbortableTransport
-from mibyan.agent.interruptible import call_interruptibly
+from mibyan.agent.interruptible import StallLimit, call_interruptibly
 from mibyan.agent.prompt_caching import append_ephemeral_notes, apply_prompt_caching
 from mibyan.agent.protocol import AgentBase
 from mibyan.agent.turn_state import PreparedRequest, TurnState
@@ -62,11 +62,13 @@ class ApiCallMixin(AgentBase):
                     events=relay,
                     handle=handle,
                     timeout=agent.api_timeout,
-                    stall_timeout=agent.stream_stall_timeout,
                 ),
                 signal=self._signal,
                 timeout=agent.api_timeout + _TIMEOUT_SLACK,
                 on_abandon=lambda: self._abandon_call(handle, client),
+                # Silence counts once the answer flows: reading the prompt (a local model on a CPU takes
+                # many seconds for a long one) is bounded by api_timeout alone, as is a plain call.
+                stall=StallLimit(handle.silence, agent.stream_stall_timeout),
             )
         finally:
             relay.stop()

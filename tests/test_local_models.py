@@ -1,0 +1,92 @@
+"""Local models (llama.cpp, Ollama) behave like hosted ones.
+
+A local model on a CPU reads a long prompt for many seconds before its first token; a call mibyan gives up
+on must hang up, or the server goes on generating for nobody; its context-exceeded 500 is an overflow.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from conftest import run_in_background
+from loopback import Reply, ScriptedServer
+
+#: How long the scripted server stays silent before it answers: longer than the stall timeout below.
+READING_THE_PROMPT = 0.8
+
+
+@pytest.fixture
+def impatient_home(home: Path) -> Path:
+    """A stall timeout far below the model's first-token wait, a generous api_timeout, retries allowed."""
+    (home / "config.yaml").write_text(
+        "agent: {stream_stall_timeout: 0.3, api_timeout: 30, api_max_retries: 2, max_retry_wait: 0.05}\n"
+    )
+    return home
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["streamed", "plain"])
+def test_a_first_token_slower_than_the_stall_timeout_is_waited_for_without_a_retry(
+    server: ScriptedServer, make_agent, impatient_home: Path, stream: bool
+) -> None:
+    server.add(Reply(text="read it all", delay=READING_THE_PROMPT))
+
+    result = make_agent(home=impatient_home, stream=stream).run_conversation("a long prompt")
+
+    assert result["exit_reason"] == "completed", result["error"]
+    assert result["final_response"] == "read it all"
+    assert len(server.requests) == 1
+    assert server.hangups == 0
+
+
+def test_silence_after_the_stream_opened_but_before_the_first_token_is_not_a_stall(
+    server: ScriptedServer, make_agent, impatient_home: Path
+) -> None:
+    # Some servers send the headers and an empty first chunk at once, then read the prompt.
+    def reading(event: str) -> None:
+        if '"role"' in event:
+            time.sleep(READING_THE_PROMPT)
+
+    server.add(Reply(text="read it all", after_event=reading))
+
+    result = make_agent(home=impatient_home).run_conversation("a long prompt")
+
+    assert result["final_response"] == "read it all"
+    assert len(server.requests) == 1
+
+
+def test_a_flowing_answer_that_goes_silent_is_cut_and_retried(
+    server: ScriptedServer, make_agent, impatient_home: Path
+) -> None:
+    server.add(Reply(text="this answer stops here", chunks=4, stall=30), Reply(text="second try"))
+
+    result = make_agent(home=impatient_home).run_conversation("hi")
+
+    assert result["final_response"] == "second try"
+    assert len(server.requests) == 2
+    assert server.wait_for_hangups(1), "the stalled connection was left open"
+
+
+def test_a_call_past_api_timeout_hangs_up(server: ScriptedServer, make_agent, home: Path) -> None:
+    (home / "config.yaml").write_text("agent: {api_timeout: 0.3, api_max_retries: 0}\n")
+    server.add(Reply(text="too late", delay=30))
+
+    result = make_agent(stream=False).run_conversation("hi")
+
+    assert result["exit_reason"] == "error"
+    assert "timed out" in result["error"]
+    assert server.wait_for_hangups(1), "the server would go on generating for nobody"
+
+
+def test_an_interrupted_plain_call_hangs_up(server: ScriptedServer, make_agent) -> None:
+    server.add(Reply(text="too late", delay=30))
+    agent = make_agent(stream=False)
+    worker, outcome = run_in_background(agent, "take your time")
+    assert server.wait_for_requests(1)
+
+    agent.interrupt()
+    worker.join(10)
+
+    assert outcome["exit_reason"] == "interrupted"
+    assert server.wait_for_hangups(1), "the server would go on generating for nobody"
