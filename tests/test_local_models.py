@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import run_in_background
 from loopback import Reply, ScriptedServer
+from test_context import is_summary_request, long_history
 
 #: How long the scripted server stays silent before it answers: longer than the stall timeout below.
 READING_THE_PROMPT = 0.8
@@ -90,3 +91,27 @@ def test_an_interrupted_plain_call_hangs_up(server: ScriptedServer, make_agent) 
 
     assert outcome["exit_reason"] == "interrupted"
     assert server.wait_for_hangups(1), "the server would go on generating for nobody"
+
+
+@pytest.mark.parametrize(
+    ("status", "message"),
+    [
+        (500, "Context size has been exceeded."),  # llama.cpp, its shared context full
+        (400, "request (9000 tokens) exceeds the available context size (8192 tokens), try increasing it"),
+        (500, "input length exceeds maximum context length"),  # Ollama
+        (500, "prompt too long; exceeded max context length by 310 tokens"),  # Ollama
+    ],
+    ids=["llama.cpp-500", "llama.cpp-400", "ollama-input", "ollama-prompt"],
+)
+def test_a_local_servers_context_exceeded_error_is_an_overflow_compressed_and_retried(
+    server: ScriptedServer, make_agent, home: Path, status: int, message: str
+) -> None:
+    (home / "config.yaml").write_text("agent: {api_max_retries: 2, max_retry_wait: 0.05}\n")
+    server.add(Reply(status=status, error_body={"error": {"code": status, "message": message}}))
+    server.default = lambda body: Reply(text="summary") if is_summary_request(body) else Reply(text="fits")
+
+    result = make_agent().run_conversation("next", conversation_history=long_history(rounds=40))
+
+    assert result["final_response"] == "fits"
+    assert len(server.requests) == 3  # the overflow, the summary, the smaller retry: no plain retry
+    assert len(server.requests[2].body["messages"]) < len(server.requests[0].body["messages"])
