@@ -6,6 +6,7 @@ on must hang up, or the server goes on generating for nobody; its context-exceed
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -13,6 +14,8 @@ import pytest
 from conftest import run_in_background
 from loopback import Reply, ScriptedServer
 from test_context import is_summary_request, long_history
+
+from agent_state import SessionStore
 
 #: How long the scripted server stays silent before it answers: longer than the stall timeout below.
 READING_THE_PROMPT = 0.8
@@ -115,3 +118,62 @@ def test_a_local_servers_context_exceeded_error_is_an_overflow_compressed_and_re
     assert result["final_response"] == "fits"
     assert len(server.requests) == 3  # the overflow, the summary, the smaller retry: no plain retry
     assert len(server.requests[2].body["messages"]) < len(server.requests[0].body["messages"])
+
+
+CALL = '{"name": "read_file", "arguments": {"path": "notes.txt"}}'
+
+
+@pytest.mark.parametrize(
+    ("written", "text_left"),
+    [
+        (f"Let me look.\n<tool_call>\n{CALL}\n</tool_call>", "Let me look."),
+        (f"<tool_call>{CALL}", None),  # the closing tag left out, as small models do
+        (CALL, None),
+        (f"[{CALL}]", None),
+        ('<function=read_file>{"path": "notes.txt"}</function>', None),
+        ('{"name": "read_file", "parameters": "{\\"path\\": \\"notes.txt\\"}"}', None),
+    ],
+    ids=["hermes", "hermes-unclosed", "bare-json", "json-list", "function-tag", "parameters-string"],
+)
+def test_a_tool_call_written_as_text_runs_and_is_stored_as_a_structured_call(
+    server: ScriptedServer, make_agent, home: Path, tmp_path: Path, written: str, text_left: str | None
+) -> None:
+    (tmp_path / "notes.txt").write_text("the word is heron\n")
+    server.add(Reply(text=written), Reply(text="It says heron."))
+
+    result = make_agent().run_conversation("what is in notes.txt?")
+
+    assert result["final_response"] == "It says heron."
+    (tool_result,) = [m for m in server.requests[1].body["messages"] if m["role"] == "tool"]
+    assert "heron" in tool_result["content"]
+    stored = SessionStore.open(home).load_messages(result["session_id"])
+    assert [m["role"] for m in stored] == ["user", "assistant", "tool", "assistant"]
+    (call,) = stored[1]["tool_calls"]
+    assert call["function"]["name"] == "read_file"
+    assert json.loads(call["function"]["arguments"]) == {"path": "notes.txt"}
+    assert stored[1]["content"] == text_left
+    assert stored[2]["tool_call_id"] == call["id"]
+
+
+@pytest.mark.parametrize(
+    "written",
+    [
+        f"Call it like this:\n\n```\n<tool_call>\n{CALL}\n</tool_call>\n```\n",
+        f"Write `<tool_call>{CALL}</tool_call>` to read a file.",
+        '<tool_call>{"name": "launch_rockets", "arguments": {}}</tool_call>',
+        '<tool_call>{"name": "read_file", "arguments": {path: notes.txt}}</tool_call>',
+        '{"name": "read_file", "arguments": {"path": "notes.txt"}, "why": "curious"}',
+    ],
+    ids=["fenced", "inline-code", "unknown-tool", "invalid-json", "other-keys"],
+)
+def test_tool_call_syntax_that_is_quoted_or_invalid_stays_text_and_runs_nothing(
+    server: ScriptedServer, make_agent, tmp_path: Path, written: str
+) -> None:
+    (tmp_path / "notes.txt").write_text("the word is heron\n")
+    server.add(Reply(text=written))
+
+    result = make_agent().run_conversation("how do I read a file?")
+
+    assert result["final_response"] == written
+    assert len(server.requests) == 1
+    assert not any(m.get("tool_calls") for m in result["messages"])
