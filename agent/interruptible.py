@@ -8,7 +8,9 @@ provider stops generating, and whatever the worker still produces is discarded.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from mibyan.agent.errors import ProviderError, TurnInterrupted
@@ -60,6 +62,15 @@ class _Outcome(Generic[T]):
         self.error: BaseException | None = None
 
 
+@dataclass(frozen=True)
+class StallLimit:
+    """A bound on the silence of work that has started to flow: `silence()` is the seconds since it last
+    moved (None while it has not started), `seconds` how long that may grow."""
+
+    silence: Callable[[], float | None]
+    seconds: float
+
+
 def call_interruptibly(
     work: Callable[[], T],
     *,
@@ -67,13 +78,14 @@ def call_interruptibly(
     timeout: float,
     on_abandon: Callable[[], None] = lambda: None,
     name: str = "mibyan-call",
+    stall: StallLimit | None = None,
 ) -> T:
-    """Run `work()` on a worker thread and wait for it, the interrupt, or the timeout.
+    """Run `work()` on a worker thread and wait for it, the interrupt, the timeout, or a stall.
 
     Raises:
         TurnInterrupted: the signal was set before the work finished.
-        ProviderError: reason "timeout" when `timeout` seconds passed first.
-        Whatever `work()` raised.
+        ProviderError: reason "timeout" when `timeout` seconds passed first; reason "dropped_stream"
+            when, once it flowed, the work was silent for `stall.seconds`.
     """
     outcome: _Outcome[T] = _Outcome()
 
@@ -88,7 +100,7 @@ def call_interruptibly(
 
     worker = threading.Thread(target=run, name=name, daemon=True)
     worker.start()
-    signal.wait_until(lambda: outcome.done, timeout)
+    stalled = _wait(outcome, signal, timeout, stall)
     if signal.is_set():
         # An interrupt wins even over a reply that completed in the same instant: the user asked to stop.
         if not outcome.done:
@@ -96,7 +108,26 @@ def call_interruptibly(
         raise TurnInterrupted()
     if not outcome.done:
         on_abandon()
+        if stalled and stall is not None:
+            raise ProviderError(
+                f"the stream stalled: nothing arrived for {stall.seconds:g} s", reason="dropped_stream"
+            )
         raise ProviderError(f"the model call took longer than {timeout:g} s", reason="timeout")
     if outcome.error is not None:
         raise outcome.error
     return outcome.value  # type: ignore[return-value]
+
+
+def _wait(outcome: _Outcome[T], signal: InterruptSignal, timeout: float, stall: StallLimit | None) -> bool:
+    """Wait for the outcome, the signal or the timeout; True when it ended on a stall instead."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        if stall is not None:
+            silence = stall.silence()
+            if silence is not None and silence >= stall.seconds:
+                return True
+            # Before the work flows, look again every `seconds`: it may start, and then stall, meanwhile.
+            left = min(left, stall.seconds - (silence or 0.0))
+        if signal.wait_until(lambda: outcome.done, max(left, 0.0)) or time.monotonic() >= deadline:
+            return False

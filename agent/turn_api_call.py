@@ -2,18 +2,34 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from mibyan.agent.adapters.base import CallHandle, NormalizedResponse, WireRequest
 from mibyan.agent.callbacks import StreamRelay
 from mibyan.agent.http_transport import AbortableTransport
-from mibyan.agent.interruptible import call_interruptibly
+from mibyan.agent.interruptible import StallLimit, call_interruptibly
 from mibyan.agent.prompt_caching import append_ephemeral_notes, apply_prompt_caching
 from mibyan.agent.protocol import AgentBase
+from mibyan.agent.text_tool_calls import tool_calls_in_text
 from mibyan.agent.turn_state import PreparedRequest, TurnState
 
 if TYPE_CHECKING:
     pass
+
+
+def with_text_tool_calls(response: NormalizedResponse, request: PreparedRequest) -> NormalizedResponse:
+    """The reply with the tool calls its text spells out (a local model whose server's chat template
+    does not parse them) made structured, so they run and are stored like any other; else as it is."""
+    if response.tool_calls or not request.allow_tool_calls or not request.tools:
+        return response
+    found = tool_calls_in_text(response.content, frozenset(t.name for t in request.tools))
+    if found is None:
+        return response
+    return dataclasses.replace(
+        response, content=found.text, tool_calls=found.calls, finish_reason="tool_calls"
+    )
+
 
 #: Slack over the SDK's own timeout, so the SDK's clearer timeout error normally wins the race.
 _TIMEOUT_SLACK = 5.0
@@ -62,11 +78,13 @@ class ApiCallMixin(AgentBase):
                     events=relay,
                     handle=handle,
                     timeout=agent.api_timeout,
-                    stall_timeout=agent.stream_stall_timeout,
                 ),
                 signal=self._signal,
                 timeout=agent.api_timeout + _TIMEOUT_SLACK,
                 on_abandon=lambda: self._abandon_call(handle, client),
+                # Silence counts once the answer flows: reading the prompt (a local model on a CPU takes
+                # many seconds for a long one) is bounded by api_timeout alone, as is a plain call.
+                stall=StallLimit(handle.silence, agent.stream_stall_timeout),
             )
         finally:
             relay.stop()
@@ -75,6 +93,7 @@ class ApiCallMixin(AgentBase):
         elif response.reasoning:
             # A stream shows reasoning as it arrives; a plain reply shows the whole of it at once.
             relay.on_reasoning(response.reasoning)
+        response = with_text_tool_calls(response, request)
         turn.api_calls += 1
         turn.usage.add(response.usage)
         self.session.store.record_model_call(

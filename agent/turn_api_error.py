@@ -39,6 +39,11 @@ _OVERFLOW_HINTS = (
     "prompt is too long",
     "context window",
     "input is too long",
+    # llama.cpp: "Context size has been exceeded." (a 500, when its shared context is full) and "request
+    # (N tokens) exceeds the available context size". Ollama's wordings say "context length", above.
+    "context size has been exceeded",
+    "exceeds the context",
+    "exceeds the available context",
 )
 _FILTER_HINTS = ("content_filter", "content policy", "content management policy")
 

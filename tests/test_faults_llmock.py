@@ -34,7 +34,8 @@ FAULTS = {
     "500": lambda m: m.fail(500),
     "503": lambda m: m.fail(503),
     "529": lambda m: m.fail(529),
-    "stall past the stall timeout": lambda m: m.stall(after_chunks=1, seconds=3),
+    # after its first piece of text: the silence before it (reading the prompt) is not a stall
+    "stall past the stall timeout": lambda m: m.stall(after_chunks=2, seconds=3),
     "mid-stream disconnect": lambda m: m.disconnect(after_chunks=1),
     "clean early end of stream": lambda m: m.truncate(after_chunks=1),
     "malformed chunk": lambda m: m.corrupt(after_chunks=1),

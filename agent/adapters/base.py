@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -77,10 +78,50 @@ class StreamEvents(Protocol):
 
 class CallHandle:
     """Shared by the waiting thread and the worker making a call: once abandoned, the worker stops
-    passing events on and its result is discarded."""
+    passing events on and its result is discarded.
+
+    `last_heard` is when the answer last moved (monotonic seconds), None until its first piece (text,
+    reasoning or a tool call) arrives: the waiting thread bounds the silence of a flowing answer by the
+    stall timeout, and the wait for the first piece by the call's own timeout. A local model reading a
+    long prompt is silent for a long time before it answers, and that is not a stall.
+    """
 
     def __init__(self) -> None:
         self.abandoned = False
+        self.last_heard: float | None = None
+
+    def answer_moved(self) -> None:
+        """A piece of the answer arrived: the stall clock starts, or starts over."""
+        self.last_heard = time.monotonic()
+
+    def event_arrived(self) -> None:
+        """Any stream event arrived (a tool call's arguments, usage): it counts once the answer flows."""
+        if self.last_heard is not None:
+            self.last_heard = time.monotonic()
+
+    def silence(self) -> float | None:
+        """Seconds since the answer last moved; None before its first piece."""
+        return None if self.last_heard is None else time.monotonic() - self.last_heard
+
+
+class _Heard:
+    """The stream's events, passed on, each one restarting the call's stall clock."""
+
+    def __init__(self, events: StreamEvents, handle: CallHandle) -> None:
+        self._events = events
+        self._handle = handle
+
+    def on_text(self, delta: str) -> None:
+        self._handle.answer_moved()
+        self._events.on_text(delta)
+
+    def on_reasoning(self, delta: str) -> None:
+        self._handle.answer_moved()
+        self._events.on_reasoning(delta)
+
+    def on_tool_call(self, name: str) -> None:
+        self._handle.answer_moved()
+        self._events.on_tool_call(name)
 
 
 @dataclass(frozen=True)
@@ -141,12 +182,14 @@ class WireAdapter(ABC):
     def assembler(self, events: StreamEvents) -> StreamAssembler:
         """A fresh assembler for one streamed reply."""
 
-    def request_options(self, timeout: float, stall_timeout: float | None = None) -> dict[str, Any]:
-        """Headers and timeouts of one call: `stall_timeout` bounds the silence between two reads."""
-        import httpx2
+    def request_options(self, timeout: float) -> dict[str, Any]:
+        """Headers and timeout of one call.
 
-        limit = httpx2.Timeout(timeout, read=stall_timeout) if stall_timeout else timeout
-        return {"headers": {"Content-Type": "application/json"}, "timeout": limit}
+        Every read may take up to `timeout`: the first byte of a reply comes only once the model has read
+        the whole prompt. The silence of a stream that has started is the waiting thread's to bound
+        (`CallHandle.silence`), not the socket's, which cannot tell the two waits apart.
+        """
+        return {"headers": {"Content-Type": "application/json"}, "timeout": timeout}
 
     def finish_reply(self, reply: NormalizedResponse, body: dict[str, Any]) -> NormalizedResponse:
         """A last look at a parsed reply with the request it answers (for what depends on both)."""
@@ -167,13 +210,15 @@ class WireAdapter(ABC):
         events: StreamEvents,
         handle: CallHandle,
         timeout: float,
-        stall_timeout: float | None = None,
     ) -> NormalizedResponse:
-        """Post `body` and return the parsed reply; a stream cut mid-way raises a dropped_stream error."""
+        """Post `body` and return the parsed reply; a stream cut mid-way raises a dropped_stream error.
+
+        Each event of the stream is reported to `handle`, whose waiter bounds a flowing answer's silence.
+        """
         import httpx2
 
         content = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
-        options = self.request_options(timeout, stall_timeout)
+        options = self.request_options(timeout)
         if not stream:
             data = client.post(self.path, cast_to=object, content=content, options=options)
             return self.finish_reply(self.parse_reply(data), body)
@@ -185,11 +230,12 @@ class WireAdapter(ABC):
             stream=True,
             stream_cls=self.stream_class()[object],
         )
-        assembler = self.assembler(events)
+        assembler = self.assembler(_Heard(events, handle))
         try:
             for chunk in chunks:
                 if handle.abandoned:
                     break
+                handle.event_arrived()
                 assembler.feed(chunk)
         except httpx2.TransportError as exc:
             raise ProviderError(f"the connection dropped mid-stream: {exc}", reason="dropped_stream") from exc

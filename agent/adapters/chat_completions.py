@@ -196,5 +196,5 @@ class ChatCompletionsAdapter(WireAdapter):
     def assembler(self, events: StreamEvents) -> ChatStreamAssembler:
         return ChatStreamAssembler(events)
 
-    def request_options(self, timeout: float, stall_timeout: float | None = None) -> dict[str, Any]:
-        return {**super().request_options(timeout, stall_timeout), "security": {"bearer_auth": True}}
+    def request_options(self, timeout: float) -> dict[str, Any]:
+        return {**super().request_options(timeout), "security": {"bearer_auth": True}}

@@ -199,8 +199,8 @@ class CodexResponsesAdapter(WireAdapter):
     def assembler(self, events: StreamEvents) -> ResponsesStreamAssembler:
         return ResponsesStreamAssembler(events)
 
-    def request_options(self, timeout: float, stall_timeout: float | None = None) -> dict[str, Any]:
-        return {**super().request_options(timeout, stall_timeout), "security": {"bearer_auth": True}}
+    def request_options(self, timeout: float) -> dict[str, Any]:
+        return {**super().request_options(timeout), "security": {"bearer_auth": True}}
 
     def finish_reply(self, reply: NormalizedResponse, body: dict[str, Any]) -> NormalizedResponse:
         if reply.provider_data:
