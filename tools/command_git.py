@@ -2,7 +2,7 @@
 
 `git -c alias.x='!rm -rf /' x` runs a shell command, and so do `core.pager`, `core.sshCommand` and
 friends: such values given on the command line are judged as shell code. Storing one with `git config`
-is asked about when the stored command would be.
+is asked about whatever it holds (a gateway agent never stores one), since git runs it later unasked.
 """
 
 from __future__ import annotations
@@ -78,13 +78,25 @@ def _subcommand(j: Judge, sub: str, rest: list[str]) -> Verdict:
     if sub == "stash" and rest[:1] in (["drop"], ["clear"]):
         return Verdict("dangerous", f"discards stashed changes (git stash {rest[0]})", "git_discard")
     if sub == "config":
-        values = [a for a in rest if not a.startswith("-")]
-        if len(values) >= 2:
-            inner = _config_command(j, values[0], values[1])
-            if inner.tier != "safe":
-                return Verdict(
-                    "dangerous",
-                    f"stores a command for git to run later that {inner.reason}",
-                    "git_config_command",
-                )
+        return _stored_command(j, [a for a in rest if not a.startswith("-")])
+    return SAFE
+
+
+def _stored_command(j: Judge, values: list[str]) -> Verdict:
+    """`git config [set] [-f FILE] KEY VALUE` storing a command git runs later by itself (`core.fsmonitor`
+    at the next `git status`): asked, whatever the command, and never for a gateway agent, whose
+    user is not the one whose repositories and git settings these are. An alias without `!` runs git."""
+    for at, key in enumerate(values[:-1]):
+        value = values[at + 1]
+        if not _COMMAND_KEYS.match(key) or (key.lower().startswith("alias.") and not value.startswith("!")):
+            continue
+        inner = _config_command(j, key, value)
+        if inner.tier == "hardline":
+            return inner
+        shown = value if len(value) <= 60 else value[:60] + "…"
+        reason = f"stores a command for git to run later by itself ({key} = {shown})"
+        if j.gateway:
+            return Verdict("hardline", f"{reason}, which a gateway agent never does", "git_config_command")
+        also = f", which {inner.reason}" if inner.tier == "dangerous" else ""
+        return Verdict("dangerous", reason + also, "git_config_command", inner.ask_every_time)
     return SAFE
