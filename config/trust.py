@@ -121,6 +121,15 @@ def trust_state(home: Path, folder: Path, data: bytes) -> TrustState:
     return "trusted" if record.sha256 == digest(data) else "changed"
 
 
+def folder_trusted(home: Path, folder: Path) -> bool:
+    """Whether the user trusts `folder` (`mibyan trust`) with its config file as it is now."""
+    try:
+        data = project_config_path(folder).read_bytes()
+        return trust_state(home, folder, data) == "trusted"
+    except (OSError, ConfigError):
+        return False
+
+
 def split_untrusted(
     layer: Mapping[str, Any], known_providers: Collection[str]
 ) -> tuple[dict[str, Any], list[str]]:

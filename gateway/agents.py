@@ -115,9 +115,12 @@ class AgentInstance:
         Raises:
             ConfigError: isolation asked for where bubblewrap is missing.
         """
+        from mibyan.tools.path_policy import secret_places, user_homes
         from mibyan.tools.sandbox import Sandbox
 
         home = self.home.resolve()
+        # whatever a channel approves reads none of the host's secrets, nor the home of its user
+        users = user_homes()
         if self.entry.isolation.enabled:
             return Sandbox(
                 "workspace-write",
@@ -125,6 +128,7 @@ class AgentInstance:
                 network=self.entry.isolation.network,
                 protected=[home],
                 hidden=[home],
+                masked=secret_places(users),
                 isolated=True,
                 backend="bubblewrap",
             )
@@ -136,8 +140,9 @@ class AgentInstance:
             network=config.network,
             writable_git=config.writable_git,
             protected=[home],
-            hidden=[home],
+            hidden=[home, *users],
             visible=[self.workspace],
+            masked=secret_places(users),
             backend=None if config.backend == "auto" else config.backend,
             temp=self.tmp,
         )

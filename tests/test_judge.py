@@ -102,6 +102,10 @@ HOSTILE: list[tuple[str, str]] = [
     ("git -c alias.x='!rm -rf /' x", "hardline"),
     ("git -c core.pager='rm -rf build' log", "dangerous"),
     ("git config alias.up '!rm -rf build'", "dangerous"),
+    ("git config core.fsmonitor 'cp ~/.ssh/id_rsa notes.txt; false'", "dangerous"),
+    ("git config core.pager less", "dangerous"),  # git runs whatever it holds later, unasked
+    ("git config -f .git/config --add diff.external ./d.sh", "dangerous"),
+    ("git config set alias.st '!git status'", "dangerous"),
     ("git push origin :main", "dangerous"),
     ("git -C repo push --force", "dangerous"),
     ("git checkout -- .", "dangerous"),
@@ -213,6 +217,7 @@ SAFE_LOOK_ALIKES = [
     'for f in *.txt; do wc -l "$f"; done',
     "x=5; echo $((x + 1))",
     "git log --oneline | head -5",
+    "git config alias.st status; git config --get core.pager; git config user.name me",
     "cd src && ls",
     "echo hello > /dev/null 2>&1",
     "node -e 'console.log(1+1)'",
@@ -312,6 +317,9 @@ GATEWAY_AGENT: list[tuple[str, str, str]] = [
     ('cd "$d"; cat state.db', "dangerous", "dynamic_path"),
     ("head -c 9 $(cat name)", "dangerous", "dynamic_path"),
     ("echo $HOME h=$MIBYAN_HOME; printf %s $x; cat notes.txt", "safe", ""),
+    ("git config core.fsmonitor 'head -c 40 /etc/shadow > n; false'", "hardline", "secret_file"),
+    ("git config core.fsmonitor 'echo x > n; false'", "hardline", "git_config_command"),
+    ("git config --global core.pager less", "hardline", "git_config_command"),
 ]
 
 

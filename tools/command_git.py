@@ -2,12 +2,16 @@
 
 `git -c alias.x='!rm -rf /' x` runs a shell command, and so do `core.pager`, `core.sshCommand` and
 friends: such values given on the command line are judged as shell code. Storing one with `git config`
-is asked about when the stored command would be.
+is asked about whatever it holds (a gateway agent never stores one), since git runs it later unasked.
+A command the repository's own config names that the environment cannot switch off (tools/git_guard.py)
+is asked about each time a git command may run it, unless the user trusts the project.
 """
 
 from __future__ import annotations
 
+import os
 import re
+from pathlib import Path
 
 from mibyan.tools.approval import SAFE, Verdict
 from mibyan.tools.command_words import Feed, Judge, Word, combine
@@ -36,6 +40,7 @@ def _config_command(j: Judge, key: str, value: str) -> Verdict:
 def judge_git(j: Judge, args: list[Word], feed: Feed) -> Verdict:
     findings: list[Verdict] = []
     i = 0
+    folder = j.cwd
     while i < len(args) and args[i].text.startswith("-"):
         option, eq, value = args[i].text.partition("=")
         if option in _GLOBAL_VALUED and not eq:
@@ -44,13 +49,40 @@ def judge_git(j: Judge, args: list[Word], feed: Feed) -> Verdict:
         if option == "-c":
             key, _, setting = value.partition("=")
             findings.append(_config_command(j, key, setting))
+        if option == "-C":
+            folder = folder / Path(value).expanduser()
         i += 1
     if i >= len(args):
         return combine(findings)
     sub = args[i].text
     rest = [w.text for w in args[i + 1 :]]
     findings.append(_subcommand(j, sub, rest))
+    findings.append(_repository_commands(j, folder, sub))
     return combine(findings)
+
+
+def _repository_commands(j: Judge, folder: Path, sub: str) -> Verdict:
+    """What the repository's own config makes this git command run that the environment cannot switch
+    off (tools/git_guard.py): a `!` alias named `sub`, an external diff, a filter, a driver, a
+    credential helper. Asked about, unless the user trusts the project (`mibyan trust`)."""
+    from mibyan.config.trust import folder_trusted
+    from mibyan.tools.git_guard import repository_commands, repository_of
+
+    found = repository_of(Path(os.path.normpath(folder)))
+    if found is None:
+        return SAFE
+    commands = repository_commands(found[1])
+    alias = next((v for k, v in commands.items() if k.lower() == f"alias.{sub.lower()}"), None)
+    others = {k: v for k, v in commands.items() if not k.lower().startswith("alias.")}
+    if (alias is None and not others) or (not j.gateway and folder_trusted(j.home, found[0])):
+        return SAFE
+    key, value = (f"alias.{sub}", alias) if alias is not None else next(iter(others.items()))
+    shown = value if len(value) <= 60 else value[:60] + "…"
+    reason = f"runs what the repository's own git config says ({key} = {shown})"
+    inner = j.script(alias[1:]) if alias is not None else SAFE
+    if inner.tier == "hardline":
+        return inner
+    return Verdict("dangerous", reason, "git_repository_command", ask_every_time=True)
 
 
 def _short_flags(rest: list[str]) -> set[str]:
@@ -78,13 +110,25 @@ def _subcommand(j: Judge, sub: str, rest: list[str]) -> Verdict:
     if sub == "stash" and rest[:1] in (["drop"], ["clear"]):
         return Verdict("dangerous", f"discards stashed changes (git stash {rest[0]})", "git_discard")
     if sub == "config":
-        values = [a for a in rest if not a.startswith("-")]
-        if len(values) >= 2:
-            inner = _config_command(j, values[0], values[1])
-            if inner.tier != "safe":
-                return Verdict(
-                    "dangerous",
-                    f"stores a command for git to run later that {inner.reason}",
-                    "git_config_command",
-                )
+        return _stored_command(j, [a for a in rest if not a.startswith("-")])
+    return SAFE
+
+
+def _stored_command(j: Judge, values: list[str]) -> Verdict:
+    """`git config [set] [-f FILE] KEY VALUE` storing a command git runs later by itself (`core.fsmonitor`
+    at the next `git status`): asked, whatever the command, and never for a gateway agent, whose
+    user is not the one whose repositories and git settings these are. An alias without `!` runs git."""
+    for at, key in enumerate(values[:-1]):
+        value = values[at + 1]
+        if not _COMMAND_KEYS.match(key) or (key.lower().startswith("alias.") and not value.startswith("!")):
+            continue
+        inner = _config_command(j, key, value)
+        if inner.tier == "hardline":
+            return inner
+        shown = value if len(value) <= 60 else value[:60] + "…"
+        reason = f"stores a command for git to run later by itself ({key} = {shown})"
+        if j.gateway:
+            return Verdict("hardline", f"{reason}, which a gateway agent never does", "git_config_command")
+        also = f", which {inner.reason}" if inner.tier == "dangerous" else ""
+        return Verdict("dangerous", reason + also, "git_config_command", inner.ask_every_time)
     return SAFE

@@ -121,6 +121,7 @@ class CommandJudge:
         # (where they run) and its own temp folder all of it they may write
         self._agent_folder = bound.agent_folder if bound is not None else None
         self._writable = bound.own_places() if bound is not None else ()
+        self.gateway = self._agent_folder is not None
         # where bubblewrap hides the home from its commands, a folder above the home holds nothing of it
         sandbox = bound.sandbox if bound is not None else None
         self._home_hidden = sandbox is not None and sandbox.active and sandbox.backend == "bubblewrap"
@@ -295,7 +296,7 @@ class CommandJudge:
 
     def _secret(self, reason: str) -> Verdict:
         # a gateway agent's user is not the person whose secrets these are: never
-        tier: Tier = "hardline" if self._agent_folder is not None else "dangerous"
+        tier: Tier = "hardline" if self.gateway else "dangerous"
         return Verdict(tier, f"reads or changes {reason}", "secret_file", ask_every_time=True)
 
     def _unknown(self, word: Word, text: str, *, opens: bool) -> list[Verdict]:

@@ -59,6 +59,7 @@ class Judge(Protocol):
     user_home: Path
     cwd: Path  # where the command starts
     cwd_unknown: bool  # the command cd's into a folder only known when it runs
+    gateway: bool  # a gateway agent's command: whoever approves it does not own this machine
 
     def script(self, text: str, feed: Feed = None) -> Verdict:
         """Judge `text` as a shell script (an `sh -c` string, an `eval`, a heredoc fed to a shell)."""

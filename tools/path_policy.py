@@ -21,6 +21,7 @@ An isolated agent's tools touch nothing outside its workspace at all.
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import functools
 import os
@@ -64,6 +65,8 @@ _SYSTEM_SECRETS: dict[str, str] = {
     "/etc/ssh": "the machine's SSH host keys",
 }
 _ENV_FILE_NAMES = (".env", ".envrc")
+#: Folders no home holds: a "home" holding one of them (`/`) is no place to hide.
+_NOT_HOMES = ("/bin", "/etc", "/lib", "/opt", "/sbin", "/tmp", "/usr", "/var")
 #: Under the home folder: files and folders whose content runs by itself later (a new shell, a login, git).
 #: The command judge asks before a shell command writes them too (tools/command_paths.py): one list.
 HOME_STARTUP = (
@@ -128,6 +131,29 @@ def _secret_roots(home: Path) -> tuple[tuple[Path, tuple[Path, Path], str], ...]
     places = [(home / relative, what) for relative, what in _HOME_SECRETS.items()]
     places += [(Path(absolute), what) for absolute, what in _SYSTEM_SECRETS.items()]
     return tuple((place, _both_forms(place), what) for place, what in places)
+
+
+def secret_places(homes: Iterable[Path]) -> list[Path]:
+    """Every place of secrets the judge knows of (folders and files), under each of `homes` and on the
+    system: the list the gateway's sandbox masks from commands (tools/sandbox.py), so that what a channel
+    may not read by name it cannot read by any other spelling either. `.env` files of other projects,
+    which lie anywhere, are not among them."""
+    places = [home / relative for home in homes for relative in _HOME_SECRETS]
+    return places + [Path(place) for place in _SYSTEM_SECRETS]
+
+
+def user_homes() -> list[Path]:
+    """The homes of the user running mibyan ($HOME, and the one the system's user database names), which
+    a gateway hides from its commands; not a folder that holds the system's or the temporary one (a home
+    of `/`), which cannot be hidden."""
+    candidates = [os.environ.get("HOME", "")]
+    with contextlib.suppress(ImportError, KeyError):
+        import pwd  # not on Windows
+
+        candidates.append(pwd.getpwuid(os.getuid()).pw_dir)
+    held = [Path(p) for p in (*_NOT_HOMES, os.path.realpath(tempfile.gettempdir()))]
+    homes = [Path(os.path.realpath(c)) for c in candidates if c]
+    return list(dict.fromkeys(h for h in homes if not any(_inside(place, h) for place in held)))
 
 
 def _secret_place(target: Path, plain: Path, *, cwd: Path) -> str | None:

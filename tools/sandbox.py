@@ -13,9 +13,12 @@ when it does, so that a mistake in one layer is caught by the other. Modes:
 
 Places may also be hidden (`hidden`: an empty, read-only folder in their stead), with parts of them
 shown again read-only (`visible`): a gateway agent's commands do not see mibyan's home, only the agent's
-own folder and its workspace. An isolated sandbox (`isolated`, bubblewrap only) is a fresh filesystem:
-the system's folders read-only, the working directory writable, an empty /tmp, nothing else, and an
-environment with none of the gateway's variables (its keys among them).
+own folder and its workspace, nor the home of the user running the gateway. Places of secrets may be
+masked (`masked`, bubblewrap only): an empty read-only folder over a folder, an unreadable device over a
+file, so that whatever a command is approved to run, it reads nothing there (a gateway masks every
+place of secrets the judge knows). An isolated sandbox (`isolated`, bubblewrap only) is a fresh
+filesystem: the system's folders read-only, the working directory writable, an empty /tmp, nothing
+else, and an environment with none of the gateway's variables (its keys among them).
 
 Backends, in order: bubblewrap (`bwrap`: a read-only view of /, the writable places bound over it, new
 PID namespace and session, no capabilities, killed with its parent, no network namespace when asked),
@@ -134,6 +137,7 @@ class Sandbox:
         isolated: a fresh filesystem and environment (see the module's docstring); needs bubblewrap.
         temp: a temporary folder of the commands' own, written instead of the machine's: with
             bubblewrap it is their /tmp (the machine's is out of sight), and their TMPDIR points at it.
+        masked: folders and files commands see empty (bubblewrap); those missing are left alone.
 
     Raises:
         ConfigError: an unknown mode, or a backend this machine does not have.
@@ -153,6 +157,7 @@ class Sandbox:
         visible: Iterable[str | Path] = (),
         isolated: bool = False,
         temp: str | Path | None = None,
+        masked: Iterable[str | Path] = (),
     ) -> None:
         if mode not in MODES:
             raise ConfigError(f"sandbox.mode: unknown mode '{mode}' (known: {', '.join(MODES)})")
@@ -166,6 +171,7 @@ class Sandbox:
         self.hidden = tuple(_resolved(p, self.workdir) for p in hidden)
         self.visible = tuple(_resolved(p, self.workdir) for p in visible)
         self.isolated = isolated
+        self.masked = tuple(dict.fromkeys(_resolved(p, self.workdir) for p in masked))
         self.temp = _resolved(temp, self.workdir) if temp is not None and not isolated else None
         if isolated and (mode != "workspace-write" or self.backend != "bubblewrap" or not _bwrap()):
             raise ConfigError("needs bubblewrap (package bubblewrap) and the mode workspace-write")
@@ -195,8 +201,9 @@ class Sandbox:
         elif not self.network:
             gaps.append("the network beyond TCP (Landlock cannot stop UDP, DNS among it)")
         clauses = [f"protect {', '.join(gaps)}"] if gaps else []
-        if self.hidden:
-            clauses.append(f"hide {', '.join(str(p) for p in self.hidden)} from commands")
+        hidden = [str(p) for p in self.hidden] + (["the places of secrets"] if self.masked else [])
+        if hidden:
+            clauses.append(f"hide {', '.join(hidden)} from commands")
         if not clauses:
             return None
         return f"the sandbox (Landlock) cannot {' or '.join(clauses)}; install bubblewrap for that"
@@ -314,6 +321,7 @@ class Sandbox:
                     place.mkdir(mode=0o700, exist_ok=True)
             if place.exists():
                 options += ["--ro-bind", str(place), str(place)]
+        options += self._masking(writable)
         if not self.network:
             options.append("--unshare-net")
         return options
@@ -332,14 +340,38 @@ class Sandbox:
         the writable places inside them bound again (all after the writable places, which may hold them)."""
         options: list[str] = []
         for hidden in self.hidden:
-            if not hidden.exists():
-                continue
+            within = [h for h in self.hidden if h != hidden and _inside(hidden, h)]
+            shown = any(_inside(hidden, p) for p in (*self.visible, *writable))
+            if not hidden.exists() or (within and not shown):
+                continue  # out of sight already: an empty folder over it would cover what is shown
             options += ["--tmpfs", str(hidden)]
             inside = [p for p in (*self.visible, *writable) if _inside(p, hidden) and p.exists()]
             for place in inside:
                 kind = "--bind" if place in writable else "--ro-bind"
                 options += [kind, str(place), str(place)]
             options += ["--remount-ro", str(hidden)]
+        return options
+
+    def _masking(self, writable: list[Path]) -> list[str]:
+        """The masked places commands would otherwise see, each made empty: a folder by an empty
+        read-only one, a file by /dev/null (on a mount without devices, so reading it is refused). A
+        place already out of sight is left alone (a mount there would create it), and so is one holding
+        the working directory."""
+        options: list[str] = []
+        shown = [*self.visible, *writable]
+        for place in self.masked:
+            if not place.exists() or _inside(self.workdir, place):
+                continue
+            hidden = any(_inside(place, h) for h in self.hidden) and not any(_inside(place, s) for s in shown)
+            outside = self.isolated and not any(
+                _inside(place, Path(folder)) for folder in (*_SYSTEM_FOLDERS, str(self.workdir))
+            )
+            if hidden or outside:
+                continue
+            if place.is_dir():
+                options += ["--tmpfs", str(place), "--remount-ro", str(place)]
+            else:
+                options += ["--ro-bind", "/dev/null", str(place)]
         return options
 
     def explain(self, output: str, exit_code: int | None) -> str | None:

@@ -9,6 +9,9 @@ A gateway agent's commands (the tool context names an agent folder) run from its
 the variables that hold the gateway's secrets (API keys, tokens, passwords) or name mibyan's home: the
 people it serves are not the person who configured it. It may not run in a part of the home not its
 own, nor outside its sandbox. An isolated sandbox starts from an empty environment anyway.
+
+Git runs none of the commands a repository's own config names (fsmonitor, hooks, pager, ssh command)
+unless the user trusts the project (tools/git_guard.py).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from typing import Any, cast
 from mibyan.agent.errors import ToolError
 from mibyan.tools import context
 from mibyan.tools.approval import Verdict, classify_command, outside_sandbox
+from mibyan.tools.git_guard import neutral_environment, repository_of
 from mibyan.tools.registry import tool
 from mibyan.tools.sandbox import Launch, Sandbox
 
@@ -82,15 +86,30 @@ def _out_of_reach(where: Path, *, escape: bool) -> Verdict | None:
     return Verdict("hardline", f"runs in {sealed}", "sealed_home") if sealed is not None else None
 
 
-def _environment() -> dict[str, str] | None:
-    """The commands' environment: the process's own, but a gateway agent's lacks the secrets in it."""
+def _environment(cwd: str) -> dict[str, str]:
+    """The commands' environment: the process's own, but a gateway agent's lacks the secrets in it, and
+    git takes no command from a repository the user has not trusted (tools/git_guard.py)."""
     current = context.current()
     if current is None or current.agent_folder is None:
-        return None
-    kept = {name: value for name, value in os.environ.items() if not _SECRET_NAME.search(name)}
-    if current.sandbox is not None and current.sandbox.temp is not None:
-        kept["TMPDIR"] = str(current.sandbox.temp)  # its own, not the machine's /tmp shared with others
+        kept = dict(os.environ)
+    else:
+        kept = {name: value for name, value in os.environ.items() if not _SECRET_NAME.search(name)}
+        if current.sandbox is not None and current.sandbox.temp is not None:
+            kept["TMPDIR"] = str(current.sandbox.temp)  # its own, not the machine's /tmp shared with others
+    if not _trusted_repository(Path(cwd)):
+        kept.update(neutral_environment(kept))
     return kept
+
+
+def _trusted_repository(cwd: Path) -> bool:
+    """Whether the repository a command starts in is one the user trusts (never a gateway agent's)."""
+    from mibyan.config.trust import folder_trusted
+
+    current = context.current()
+    if current is None or current.home is None or current.agent_folder is not None:
+        return False
+    found = repository_of(cwd)
+    return found is not None and folder_trusted(current.home, found[0])
 
 
 class _Output:
@@ -205,12 +224,16 @@ def _judge_again(command: str, workdir: str | None, outside_sandbox: bool) -> No
 
 def _start(argv: list[str], sandbox: Sandbox | None, cwd: str) -> subprocess.Popen[bytes]:
     """Start `argv` in its own session (so the whole group can be killed), confined by `sandbox`."""
+    environment = _environment(cwd)
+    if sandbox is not None and sandbox.isolated and sandbox.active:
+        # an isolated sandbox starts from an empty environment: git's settings go in through `env`
+        argv = ["env", *(f"{k}={v}" for k, v in neutral_environment({}).items()), *argv]
     launch = sandbox.launch(argv, cwd=cwd) if sandbox is not None else Launch(argv)
     try:
         return subprocess.Popen(
             launch.argv,
             cwd=cwd,
-            env=_environment(),
+            env=environment,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,

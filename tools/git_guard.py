@@ -1,0 +1,146 @@
+"""What git, run by an agent's commands, may not take from a repository's own configuration.
+
+A repository's `.git/config` and `.git/hooks/` come with the code, and git runs some of what they hold by
+itself: `core.fsmonitor` at every `git status`, hooks at a checkout or a commit, `core.sshCommand` at
+a fetch, `core.pager` and `core.askPass` when it pages or needs a password. Unless the user trusts the
+project (`mibyan trust`), the terminal tool's commands run with those set in the environment
+(`GIT_CONFIG_COUNT`, which git reads after every config file), so that it holds however git is spelled
+or wrapped: no fsmonitor, no hooks (`core.hooksPath` of the user's own global config still applies),
+`cat` as the pager, the user's own `ssh`. What the environment cannot switch off (an external diff, a
+filter or a diff or merge driver, a credential helper, a `!` alias) the judge finds in the repository's
+config (`repository_commands`) and asks about (tools/command_git.py).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Mapping
+from pathlib import Path
+
+#: The keys, of the repository's config, whose commands the judge asks about: the environment cannot
+#: switch them off (an empty `diff.external` makes git fail rather than diff).
+_RUNS_COMMANDS = re.compile(
+    r"^(alias\..+|diff\.external|diff\..+\.(textconv|command)|merge\..+\.driver|"
+    r"filter\..+\.(clean|smudge|process)|credential(\..+)?\.helper)$",
+    re.IGNORECASE,
+)
+_USERS_OWN = r"^core\.(hookspath|fsmonitor|sshcommand)$"
+
+
+def repository_of(folder: Path) -> tuple[Path, Path] | None:
+    """The work tree holding `folder` and the file of its repository's config, or None outside one."""
+    for place in (folder, *folder.parents):
+        marker = place / ".git"
+        if marker.is_dir():
+            return place, marker / "config"
+        if marker.is_file():
+            text = marker.read_text(encoding="utf-8", errors="replace").strip()
+            if not text.startswith("gitdir:"):
+                return None
+            gitdir = (place / text.removeprefix("gitdir:").strip()).resolve()
+            common = gitdir / "commondir"  # a linked worktree: the config lives in the main repository
+            if common.is_file():
+                gitdir = (gitdir / common.read_text(encoding="utf-8").strip()).resolve()
+            return place, gitdir / "config"
+    return None
+
+
+def repository_commands(config: Path) -> dict[str, str]:
+    """The keys of a repository's config file (its includes too) that make git run a command, with
+    their values: `!` aliases, external diffs, filters, drivers and credential helpers."""
+    try:
+        seen = config.stat()
+    except OSError:
+        return {}
+    return dict(_read_commands(str(config), seen.st_mtime_ns, seen.st_size))
+
+
+@functools.lru_cache(maxsize=32)
+def _read_commands(config: str, _mtime: int, _size: int) -> tuple[tuple[str, str], ...]:
+    git = shutil.which("git")
+    if git is None:
+        return ()
+    try:
+        done = subprocess.run(
+            [git, "config", "--file", config, "--includes", "--null", "--list"],
+            capture_output=True,
+            stdin=subprocess.DEVNULL,
+            timeout=10,
+            check=False,
+            env={**os.environ, "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull},
+        )
+    except (OSError, subprocess.SubprocessError):
+        return (("config", f"{config} could not be read"),)
+    found = []
+    for entry in done.stdout.decode("utf-8", "replace").split("\0"):
+        key, _, value = entry.partition("\n")
+        if not _RUNS_COMMANDS.match(key) or (key.lower().startswith("alias.") and not value.startswith("!")):
+            continue
+        found.append((key, value))
+    return tuple(found)
+
+
+def neutral_environment(environment: Mapping[str, str]) -> dict[str, str]:
+    """The variables to add to `environment` (the commands' own) so that git runs none of a
+    repository's fsmonitor, hooks, pager, ssh command or password prompt: the user's own global
+    settings of those stay, and so do the variables the user set."""
+    own = _users_settings(_global_config_stamp())
+    settings = {
+        "core.fsmonitor": own.get("core.fsmonitor", "false"),
+        "core.hooksPath": own.get("core.hookspath", os.devnull),
+        "core.sshCommand": own.get("core.sshcommand", "ssh"),
+        "core.pager": "cat",
+        "core.askPass": "",
+    }
+    try:
+        start = int(environment.get("GIT_CONFIG_COUNT", "0"))
+    except ValueError:
+        start = 0
+    added = {"GIT_CONFIG_COUNT": str(start + len(settings))}
+    for offset, (key, value) in enumerate(settings.items()):
+        added[f"GIT_CONFIG_KEY_{start + offset}"] = key
+        added[f"GIT_CONFIG_VALUE_{start + offset}"] = value
+    if "GIT_PAGER" not in environment:
+        added["GIT_PAGER"] = "cat"  # over `pager.<command>` as well
+    return added
+
+
+def _global_config_stamp() -> tuple[int, ...]:
+    stamp: list[int] = []
+    home = Path.home()
+    for path in (home / ".gitconfig", home / ".config" / "git" / "config", Path("/etc/gitconfig")):
+        try:
+            stamp.append(path.stat().st_mtime_ns)
+        except OSError:
+            stamp.append(0)
+    return tuple(stamp)
+
+
+@functools.lru_cache(maxsize=4)
+def _users_settings(_stamp: tuple[int, ...]) -> dict[str, str]:
+    """The user's own (global and system) values of the keys set here, read once per change."""
+    git = shutil.which("git")
+    if git is None:
+        return {}
+    try:
+        done = subprocess.run(
+            [git, "config", "--null", "--get-regexp", _USERS_OWN],
+            capture_output=True,
+            stdin=subprocess.DEVNULL,
+            timeout=10,
+            check=False,
+            cwd="/",
+            env={**os.environ, "GIT_DIR": os.devnull},  # no repository's config, only the user's
+        )
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    found = {}
+    for entry in done.stdout.decode("utf-8", "replace").split("\0"):
+        key, _, value = entry.partition("\n")
+        if key:
+            found[key.lower()] = value
+    return found
