@@ -212,3 +212,22 @@ def test_the_models_clarify_question_is_asked_in_the_channel_and_its_next_messag
     }
     stored = SessionStore.open(home).load_messages(answered.headers["X-Mibyan-Session"])
     assert user_texts({"messages": stored}) == ["paint the fence"]
+
+
+def test_a_clarify_question_nobody_answers_lets_the_model_go_on_and_the_next_reply_says_so(
+    server: ScriptedServer, home: Path
+) -> None:
+    server.add(
+        Reply(tool_calls=[("clarify", {"question": "Which colour?"})]),
+        Reply(text="I painted it white."),
+        Reply(text="Hello!"),
+    )
+    with start(server, home, timeout=0.2) as gateway:
+        ask(gateway, "paint the fence", channel="lee")
+        assert server.wait_for_requests(2)
+
+        later = text(ask(gateway, "hello", channel="lee"))
+
+    assert "Nobody answered" in server.requests[1].body["messages"][-1]["content"]
+    assert later.startswith("Nobody answered my question within 0.2 s, so I went on without an answer.")
+    assert "I painted it white." in later and later.endswith("Hello!")
