@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
-from conftest import wait_until
+from conftest import run_cli, wait_until
 from gatewaying import RunningGateway, write_config
 from loopback import Reply, ScriptedServer
 
@@ -128,3 +129,31 @@ def test_a_one_off_nobody_can_collect_is_not_run_again(server: ScriptedServer, h
 
     assert len(server.requests) == 1
     assert "not run again" in (home / "logs" / "gateway.log").read_text()
+
+
+def test_a_chat_cannot_resume_a_session_a_gateway_is_running(server: ScriptedServer, home: Path) -> None:
+    write_config(home, {"local": server.base_url}, [MEEPA])
+    go_on = threading.Event()
+
+    def held(body: dict[str, Any]) -> Reply:
+        go_on.wait(30)
+        return Reply(text="answered")
+
+    server.default = held
+    said = [{"role": "user", "content": "my diagnosis is private"}]
+    with RunningGateway(home) as gateway, ThreadPoolExecutor(1) as pool:
+        running = pool.submit(ask, gateway, said, **{"X-Mibyan-Channel": "quinn"})
+        assert server.wait_for_requests(1)
+        store = SessionStore.open(home)
+        [session] = [row["id"] for row in store.list_sessions() if row["source"] == "gateway"]
+        store.close()
+        chat = ("chat", "--resume", session, "-q", "what did they say?", "--base-url", server.base_url)
+        refused = run_cli(*chat, home=home)
+        go_on.set()
+        assert running.result().parse().choices[0].message.content == "answered"
+        resumed = run_cli(*chat, "-Q", home=home)  # the run is over: the session is free again
+
+    assert refused.returncode == 2
+    assert refused.stderr.count("\n") == 1 and "being run by another process" in refused.stderr
+    assert len(server.requests) == 2 and resumed.returncode == 0, resumed.stderr
+    assert [m["role"] for m in stored(home, session)] == ["user", "assistant", "user", "assistant"]

@@ -249,12 +249,13 @@ def test_resume_of_an_unknown_session_is_a_clear_error(home: Path) -> None:
 
 
 @pytest.mark.parametrize("flag", [["--resume"], ["-c"]])
-def test_continue_picks_the_most_recent_session(
+def test_continue_picks_the_most_recent_chat_session_never_a_gateways(
     server: ScriptedServer, make_agent, home: Path, flag: list[str]
 ) -> None:
-    server.add(Reply(text="one"), Reply(text="two"), Reply(text="three"))
-    for said in ("first", "second"):  # two earlier sessions (made in-process: only the third is the CLI's)
-        with make_agent() as agent:
+    server.add(*(Reply(text=text) for text in ("one", "two", "private", "by a script", "three")))
+    # earlier sessions, made in-process: two chats, then a gateway's channel and a script's run, later
+    for said, source in (("first", "cli"), ("second", "cli"), ("my diagnosis", "gateway"), ("x", "python")):
+        with make_agent(source=source) as agent:
             agent.chat(said)
     done = run_cli("chat", *flag, "-q", "third", "--base-url", server.base_url, home=home)
     assert done.returncode == 0
@@ -275,7 +276,7 @@ def test_a_locked_database_is_one_clear_error_not_a_hang(
     server: ScriptedServer, make_agent, home: Path
 ) -> None:
     server.add(Reply(text="first"), Reply(text="second"))
-    with make_agent() as agent:  # a session to continue
+    with make_agent(source="cli") as agent:  # a chat to continue
         agent.chat("first")
     holder = sqlite3.connect(home / "state.db", isolation_level=None)
     holder.execute("BEGIN EXCLUSIVE")
