@@ -13,11 +13,18 @@ import contextlib
 import fcntl
 import hashlib
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar
 
 from agent_state import SessionStore
 from mibyan.agent.errors import MibyanError
 from mibyan.config.paths import private_dir
+
+if TYPE_CHECKING:
+    from run_agent import AIAgent
+
+_Agent = TypeVar("_Agent", bound="AIAgent")
 
 
 class SessionBusy(MibyanError):
@@ -44,17 +51,22 @@ class SessionLock:
         session_id: the session (any in its compression lineage names the same lock via `for_session`).
     """
 
-    def __init__(self, home: Path, session_id: str) -> None:
+    def __init__(self, home: Path, session_id: str, *, asked: str | None = None) -> None:
         self.session_id = session_id
+        self.asked = asked or session_id  # the id the refusal names: the one asked for
         name = hashlib.sha256(session_id.encode()).hexdigest()[:32]  # any id is a safe file name
         self.path = home / "locks" / f"{name}.lock"
         self._fd: int | None = None
 
     @classmethod
     def for_session(cls, home: Path, store: SessionStore, session_id: str) -> SessionLock:
-        return cls(home, lineage_root(store, session_id))
+        return cls(home, lineage_root(store, session_id), asked=session_id)
 
-    def acquire(self, shown_id: str | None = None) -> SessionLock:
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def acquire(self) -> SessionLock:
         """Take the lock (a no-op when this object holds it); returns itself.
 
         Raises:
@@ -71,7 +83,7 @@ class SessionLock:
             os.close(fd)
             who = f" (pid {holder})" if holder.isdigit() else ""
             raise SessionBusy(
-                f"session {shown_id or self.session_id} is being run by another process right now{who}; "
+                f"session {self.asked} is being run by another process right now{who}; "
                 "try again when it is done, or start a new session"
             ) from None
         os.ftruncate(fd, 0)
@@ -86,3 +98,29 @@ class SessionLock:
                 os.ftruncate(self._fd, 0)
             os.close(self._fd)  # closing drops the flock
             self._fd = None
+
+
+def build_holding(home: Path, lock: SessionLock | None, build: Callable[[], _Agent]) -> _Agent:
+    """The agent `build` makes, holding its session's lock until it is closed.
+
+    `lock` (that of the session `build` resumes) is taken before `build` opens the session, so the
+    repair on open never touches what another process is running; a new session's lock is taken once
+    its id is known (nobody else can know it before). A lock this process held already stays held when
+    building fails.
+
+    Raises:
+        SessionBusy: another process runs the session.
+    """
+    held_before = lock is not None and lock.held
+    if lock is not None:
+        lock.acquire()
+    try:
+        agent = build()
+        if lock is None:
+            lock = SessionLock(home, agent.session_id).acquire()
+    except BaseException:
+        if lock is not None and not held_before:
+            lock.release()
+        raise
+    agent.session_lock = lock
+    return agent

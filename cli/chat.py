@@ -96,34 +96,24 @@ def make_agent(
     channel answering, another chat) is refused, SessionBusy, before anything of it is opened or
     repaired. `held` is a lock this process holds already (the chat's session before a /resume).
     """
-    from mibyan.agent.session_lock import SessionLock
+    from mibyan.agent.session_lock import build_holding
     from mibyan.cli.logs import setup_logging
     from mibyan.config.paths import mibyan_home
 
     home = mibyan_home()
     setup_logging(home)
-    lock = None if session_id is None else _lock_session(home, session_id, held)
-    try:
-        agent = _build(args, callbacks, session_id, model, mcp_connections)
-        if lock is None:  # a new session: its id is known now, and nobody else can know it yet
-            lock = SessionLock(home, agent.session_id).acquire()
-    except BaseException:
-        if lock is not None and lock is not held:
-            lock.release()
-        raise
-    agent.session_lock = lock
-    return agent
+    lock = None if session_id is None else _session_lock(home, session_id, held)
+    return build_holding(home, lock, lambda: _build(args, callbacks, session_id, model, mcp_connections))
 
 
-def _lock_session(home: Path, session_id: str, held: SessionLock | None) -> SessionLock:
+def _session_lock(home: Path, session_id: str, held: SessionLock | None) -> SessionLock:
+    """The lock of the session asked for (one this process holds already, when it is the same)."""
     from agent_state import SessionStore
     from mibyan.agent.session_lock import SessionLock
 
     with SessionStore.open(home) as store:
         lock = SessionLock.for_session(home, store, session_id)
-    if held is not None and held.path == lock.path:
-        return held
-    return lock.acquire(shown_id=session_id)
+    return held if held is not None and held.path == lock.path else lock
 
 
 def _build(

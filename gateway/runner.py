@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from agent_state import SessionStore, mask_secrets
 from mibyan.agent.errors import MibyanError
-from mibyan.agent.session_lock import SessionLock
+from mibyan.agent.session_lock import SessionLock, build_holding
 from mibyan.config.gateway import Connector
 from mibyan.config.loader import AgentSettings
 from mibyan.gateway.agents import AgentInstance, prepare_workspace
@@ -309,15 +309,9 @@ class Gateway:
         unasked = NO_CHANNEL_TO_ASK if self.approvals is not None else DENIED_BY_POLICY
         # held before the session is opened, so its repair never touches a run of another process
         lock = None if session_id is None else SessionLock.for_session(self.home, self.store, session_id)
-        if lock is not None:
-            lock.acquire()
-        try:
-            agent = instance.build(session_id=session_id, unasked=unasked, **callbacks)
-        except BaseException:
-            if lock is not None:
-                lock.release()
-            raise
-        agent.session_lock = lock or SessionLock(self.home, agent.session_id).acquire()  # close() lets go
+        agent = build_holding(  # its close() lets the session go
+            self.home, lock, lambda: instance.build(session_id=session_id, unasked=unasked, **callbacks)
+        )
         agent.compress_between_turns = False  # after delivery instead: see _compress_after_delivery
         agent.session_scope = entry.channel  # session_search: this channel's sessions and no other's
         self._running.add(agent)
