@@ -393,3 +393,20 @@ def test_a_history_entry_that_is_not_a_message_is_refused_in_one_line(
     assert str(caught.value).startswith(expected)
     assert "\n" not in str(caught.value)
     assert server.requests == []
+
+
+def test_continue_turn_goes_on_from_the_stored_turn_without_a_new_user_message(
+    server: ScriptedServer, make_agent
+) -> None:
+    server.add(Reply(status=500, error_body={"error": {"message": "down"}}), Reply(text="there you are"))
+    with make_agent() as cut:
+        assert cut.run_conversation("are you there?")["exit_reason"] == "error"
+        session = cut.session_id
+    with make_agent(session_id=session) as resumed:
+        result = resumed.continue_turn()
+        assert result["final_response"] == "there you are"
+        assert [m["content"] for m in resumed.history] == ["are you there?", "there you are"]
+    with make_agent(session_id=session) as again:  # its answer is stored: nothing to ask the model
+        assert again.continue_turn()["final_response"] == "there you are"
+    assert len(server.requests) == 2
+    assert [m["content"] for m in server.requests[1].body["messages"][1:]] == ["are you there?"]
