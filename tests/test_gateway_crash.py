@@ -87,47 +87,39 @@ def test_a_crash_during_a_tool_call_never_runs_the_finished_one_again(
     assert inbox_states(home) == ["answered"]
 
 
-def test_a_keyed_one_off_cut_during_its_model_call_goes_on_in_its_session(
+def test_a_keyed_one_off_goes_on_in_its_session_and_one_nobody_can_collect_is_not_run_again(
     server: ScriptedServer, home: Path
 ) -> None:
     workspace = home / "agents" / "meepa" / "workspace"
     write_config(home, {"local": server.base_url}, [MEEPA])
-    server.add(Reply(tool_calls=[CHARGE]), Reply(text="never sent", delay=60), Reply(text="charged once"))
+    server.add(
+        Reply(text="never sent", delay=60),  # the keyless one-off's
+        Reply(tool_calls=[CHARGE]),
+        Reply(text="never sent", delay=60),  # cut during the keyed one's second model call
+        Reply(text="charged once"),
+    )
     said = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "charge my card"}]
     gateway = RunningGateway(home)
-    with ThreadPoolExecutor(1) as pool:
-        lost = pool.submit(ask, gateway, said, **{"Idempotency-Key": "c-2"})
-        assert server.wait_for_requests(2)
+    with ThreadPoolExecutor(2) as pool:
+        keyless = pool.submit(ask, gateway, [{"role": "user", "content": "hello"}])
+        assert server.wait_for_requests(1)
+        keyed = pool.submit(ask, gateway, said, **{"Idempotency-Key": "c-2"})
+        assert server.wait_for_requests(3)
         gateway.kill()
-        with pytest.raises(openai.APIConnectionError):
-            lost.result()
+        for lost in (keyless, keyed):
+            with pytest.raises(openai.APIConnectionError):
+                lost.result()
 
     with RunningGateway(home) as restarted:
         retried = ask(restarted, said, **{"Idempotency-Key": "c-2"})
+        assert restarted.terminate() == 0
 
     assert retried.parse().choices[0].message.content == "charged once"
     assert (workspace / "side.txt").read_text() == "charged\n"
-    assert len(server.requests) == 3
+    assert len(server.requests) == 4  # the keyless one was not asked again
     messages = stored(home, retried.headers["X-Mibyan-Session"])
     assert [m["role"] for m in messages] == ["user", "assistant", "tool", "assistant"]
-
-
-def test_a_one_off_nobody_can_collect_is_not_run_again(server: ScriptedServer, home: Path) -> None:
-    write_config(home, {"local": server.base_url}, [MEEPA])
-    server.add(Reply(text="never sent", delay=60))
-    gateway = RunningGateway(home)
-    with ThreadPoolExecutor(1) as pool:
-        lost = pool.submit(ask, gateway, [{"role": "user", "content": "hello"}])
-        assert server.wait_for_requests(1)
-        gateway.kill()
-        with pytest.raises(openai.APIConnectionError):
-            lost.result()
-
-    with RunningGateway(home) as restarted:  # ready once the last run's messages are queued or dropped
-        assert inbox_states(home) == ["failed"]
-        assert restarted.terminate() == 0
-
-    assert len(server.requests) == 1
+    assert inbox_states(home) == ["failed", "answered"]
     assert "not run again" in (home / "logs" / "gateway.log").read_text()
 
 
