@@ -349,10 +349,16 @@ class SessionStore:
             raise StoreError(f"session id {prefix!r} is ambiguous: type more of it")
         return str(rows[0]["id"])
 
-    def most_recent(self) -> str | None:
-        rows = self._query(
-            "SELECT id FROM sessions WHERE source != 'subagent' ORDER BY updated_at DESC LIMIT 1"
-        )
+    def most_recent(self, source: str | None = None) -> str | None:
+        """The session written to last (of `source` only, when given), subagents' left out."""
+        if source is not None:
+            rows = self._query(
+                "SELECT id FROM sessions WHERE source = ? ORDER BY updated_at DESC LIMIT 1", (source,)
+            )
+        else:
+            rows = self._query(
+                "SELECT id FROM sessions WHERE source != 'subagent' ORDER BY updated_at DESC LIMIT 1"
+            )
         return str(rows[0]["id"]) if rows else None
 
     def newest_descendant(self, session_id: str) -> str:

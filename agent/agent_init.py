@@ -138,6 +138,7 @@ def init_agent(
     agent.persona_dir = agent.workspace or home_path
     agent.workdir = Path(workdir).resolve() if workdir is not None else None
     agent.session_scope = None
+    agent.session_lock = None
     agent.memory = memory if memory is not None else MemoryStore(home_path, folder=agent.workspace)
     runtime = resolve_runtime(
         settings,

@@ -33,6 +33,8 @@ class LifecycleMixin(AgentBase):
         self.provider.drop_client()
         self.tools.close()
         self.session.store.close()
+        if self.session_lock is not None:
+            self.session_lock.release()
 
     def __enter__(self) -> Self:
         return self

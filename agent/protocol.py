@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from mibyan.agent.prompt_builder import PromptState
     from mibyan.agent.providers import ProviderState
     from mibyan.agent.session import SessionHandle
+    from mibyan.agent.session_lock import SessionLock
     from mibyan.agent.tokens import TokenEstimator
     from mibyan.agent.tool_executor import ToolRuntime
     from mibyan.agent.turn_state import (
@@ -64,6 +65,8 @@ class AgentCore(ABC):
     session_scope: str | None
     memory: MemoryStore
     compress_between_turns: bool
+    # held while this process runs the session, so no other process opens it meanwhile; close() lets go
+    session_lock: SessionLock | None
 
     # -- the provider: the one talked to now, the primary, the ones that failed lately, the client ---
     provider: ProviderState

@@ -16,6 +16,9 @@ from mibyan.cli.prompts import prompt_callbacks
 from mibyan.cli.sanitize import for_stream, visible, visible_json
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
+    from mibyan.agent.session_lock import SessionLock
     from mibyan.tools.mcp_connections import McpConnections
     from run_agent import AIAgent
 
@@ -50,9 +53,9 @@ def _session_to_resume(args: argparse.Namespace) -> str | None:
     try:
         if args.resume:
             return store.resolve_id(args.resume)
-        latest = store.most_recent()
+        latest = store.most_recent(source="cli")  # a gateway's channel or a script's run is not yours
         if latest is None:
-            raise StoreError("there is no session to resume yet: start one with 'mibyan chat'")
+            raise StoreError("there is no chat session to resume yet: start one with 'mibyan chat'")
         return latest
     finally:
         store.close()
@@ -85,13 +88,43 @@ def make_agent(
     session_id: str | None,
     model: str | None = None,
     mcp_connections: McpConnections | None = None,
+    held: SessionLock | None = None,
 ) -> AIAgent:
-    """The agent the command-line options describe (with `mcp_connections`: another agent's servers)."""
+    """The agent the command-line options describe (with `mcp_connections`: another agent's servers).
+
+    It holds its session's lock until it is closed: a session another process runs now (a gateway's
+    channel answering, another chat) is refused, SessionBusy, before anything of it is opened or
+    repaired. `held` is a lock this process holds already (the chat's session before a /resume).
+    """
+    from mibyan.agent.session_lock import build_holding
     from mibyan.cli.logs import setup_logging
     from mibyan.config.paths import mibyan_home
+
+    home = mibyan_home()
+    setup_logging(home)
+    lock = None if session_id is None else _session_lock(home, session_id, held)
+    return build_holding(home, lock, lambda: _build(args, callbacks, session_id, model, mcp_connections))
+
+
+def _session_lock(home: Path, session_id: str, held: SessionLock | None) -> SessionLock:
+    """The lock of the session asked for (one this process holds already, when it is the same)."""
+    from agent_state import SessionStore
+    from mibyan.agent.session_lock import SessionLock
+
+    with SessionStore.open(home) as store:
+        lock = SessionLock.for_session(home, store, session_id)
+    return held if held is not None and held.path == lock.path else lock
+
+
+def _build(
+    args: argparse.Namespace,
+    callbacks: dict[str, Any],
+    session_id: str | None,
+    model: str | None,
+    mcp_connections: McpConnections | None,
+) -> AIAgent:
     from run_agent import AIAgent
 
-    setup_logging(mibyan_home())
     toolsets = toolsets_of(args)
     return AIAgent(
         model=model or args.model,

@@ -61,17 +61,22 @@ def _new(repl: Repl, argument: str) -> None:
 @command("resume", "/resume [ID]", "continue a session (the most recent without ID)", complete="sessions")
 def _resume(repl: Repl, argument: str) -> None:
     from agent_state import StoreError
+    from mibyan.agent.session_lock import SessionBusy
 
     store = repl.agent.store
     try:
-        session_id = store.resolve_id(argument) if argument else store.most_recent()
+        session_id = store.resolve_id(argument) if argument else store.most_recent(source="cli")
     except StoreError as exc:  # an unknown or ambiguous id: say so and stay in this session
         repl.say(str(exc), style="red")
         return
     if session_id is None:
         repl.say("no session to resume", style="red")
         return
-    repl.replace_agent(session_id=session_id)
+    try:
+        repl.replace_agent(session_id=session_id)
+    except SessionBusy as exc:  # a gateway's channel answering, another chat: stay in this session
+        repl.say(str(exc), style="red")
+        return
     repl.show_last_exchange()
 
 

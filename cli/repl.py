@@ -150,9 +150,17 @@ class Repl:
 
         assert self._renderer is not None
         shared = previous.tools.mcp.connections if previous is not None and previous.tools.mcp else None
+        held = previous.session_lock if previous is not None else None
         agent = make_agent(
-            self.args, self._renderer.callbacks(), session_id=session_id, model=model, mcp_connections=shared
+            self.args,
+            self._renderer.callbacks(),
+            session_id=session_id,
+            model=model,
+            mcp_connections=shared,
+            held=held,
         )
+        if previous is not None and agent.session_lock is held:
+            previous.session_lock = None  # the same session goes on: the new agent holds its lock
         if previous is not None:
             previous.tools.hand_over_mcp(agent.tools)  # the servers live on with the new agent
         return agent

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from agent_state import SessionStore, mask_secrets
 from mibyan.agent.errors import MibyanError
+from mibyan.agent.session_lock import SessionLock, build_holding
 from mibyan.config.gateway import Connector
 from mibyan.config.loader import AgentSettings
 from mibyan.gateway.agents import AgentInstance, prepare_workspace
@@ -310,8 +311,14 @@ class Gateway:
             if self._asking:
                 callbacks["approval_callback"] = asker.approve
         unasked = NO_CHANNEL_TO_ASK if self._asking else DENIED_BY_POLICY
-        agent = instance.build(
-            session_id=session_id, unasked=unasked, channel=entry.channel, one_off=one_off, **callbacks
+        # held before the session is opened, so its repair never touches a run of another process
+        lock = None if session_id is None else SessionLock.for_session(self.home, self.store, session_id)
+        agent = build_holding(  # its close() lets the session go
+            self.home,
+            lock,
+            lambda: instance.build(
+                session_id=session_id, unasked=unasked, channel=entry.channel, one_off=one_off, **callbacks
+            ),
         )
         agent.compress_between_turns = False  # after delivery instead: see _compress_after_delivery
         agent.session_scope = entry.channel  # session_search: this channel's sessions and no other's

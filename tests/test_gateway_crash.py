@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
-from conftest import wait_until
+from conftest import run_cli, wait_until
 from gatewaying import RunningGateway, write_config
 from loopback import Reply, ScriptedServer
 
@@ -86,45 +87,65 @@ def test_a_crash_during_a_tool_call_never_runs_the_finished_one_again(
     assert inbox_states(home) == ["answered"]
 
 
-def test_a_keyed_one_off_cut_during_its_model_call_goes_on_in_its_session(
+def test_a_keyed_one_off_goes_on_in_its_session_and_one_nobody_can_collect_is_not_run_again(
     server: ScriptedServer, home: Path
 ) -> None:
     workspace = home / "agents" / "meepa" / "workspace"
     write_config(home, {"local": server.base_url}, [MEEPA])
-    server.add(Reply(tool_calls=[CHARGE]), Reply(text="never sent", delay=60), Reply(text="charged once"))
+    server.add(
+        Reply(text="never sent", delay=60),  # the keyless one-off's
+        Reply(tool_calls=[CHARGE]),
+        Reply(text="never sent", delay=60),  # cut during the keyed one's second model call
+        Reply(text="charged once"),
+    )
     said = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "charge my card"}]
     gateway = RunningGateway(home)
-    with ThreadPoolExecutor(1) as pool:
-        lost = pool.submit(ask, gateway, said, **{"Idempotency-Key": "c-2"})
-        assert server.wait_for_requests(2)
+    with ThreadPoolExecutor(2) as pool:
+        keyless = pool.submit(ask, gateway, [{"role": "user", "content": "hello"}])
+        assert server.wait_for_requests(1)
+        keyed = pool.submit(ask, gateway, said, **{"Idempotency-Key": "c-2"})
+        assert server.wait_for_requests(3)
         gateway.kill()
-        with pytest.raises(openai.APIConnectionError):
-            lost.result()
+        for lost in (keyless, keyed):
+            with pytest.raises(openai.APIConnectionError):
+                lost.result()
 
     with RunningGateway(home) as restarted:
         retried = ask(restarted, said, **{"Idempotency-Key": "c-2"})
+        assert restarted.terminate() == 0
 
     assert retried.parse().choices[0].message.content == "charged once"
     assert (workspace / "side.txt").read_text() == "charged\n"
-    assert len(server.requests) == 3
+    assert len(server.requests) == 4  # the keyless one was not asked again
     messages = stored(home, retried.headers["X-Mibyan-Session"])
     assert [m["role"] for m in messages] == ["user", "assistant", "tool", "assistant"]
-
-
-def test_a_one_off_nobody_can_collect_is_not_run_again(server: ScriptedServer, home: Path) -> None:
-    write_config(home, {"local": server.base_url}, [MEEPA])
-    server.add(Reply(text="never sent", delay=60))
-    gateway = RunningGateway(home)
-    with ThreadPoolExecutor(1) as pool:
-        lost = pool.submit(ask, gateway, [{"role": "user", "content": "hello"}])
-        assert server.wait_for_requests(1)
-        gateway.kill()
-        with pytest.raises(openai.APIConnectionError):
-            lost.result()
-
-    with RunningGateway(home) as restarted:  # ready once the last run's messages are queued or dropped
-        assert inbox_states(home) == ["failed"]
-        assert restarted.terminate() == 0
-
-    assert len(server.requests) == 1
+    assert inbox_states(home) == ["failed", "answered"]
     assert "not run again" in (home / "logs" / "gateway.log").read_text()
+
+
+def test_a_chat_cannot_resume_a_session_a_gateway_is_running(server: ScriptedServer, home: Path) -> None:
+    write_config(home, {"local": server.base_url}, [MEEPA])
+    go_on = threading.Event()
+
+    def held(body: dict[str, Any]) -> Reply:
+        go_on.wait(30)
+        return Reply(text="answered")
+
+    server.default = held
+    said = [{"role": "user", "content": "my diagnosis is private"}]
+    with RunningGateway(home) as gateway, ThreadPoolExecutor(1) as pool:
+        running = pool.submit(ask, gateway, said, **{"X-Mibyan-Channel": "quinn"})
+        assert server.wait_for_requests(1)
+        store = SessionStore.open(home)
+        [session] = [row["id"] for row in store.list_sessions() if row["source"] == "gateway"]
+        store.close()
+        chat = ("chat", "--resume", session, "-q", "what did they say?", "--base-url", server.base_url)
+        refused = run_cli(*chat, home=home)
+        go_on.set()
+        assert running.result().parse().choices[0].message.content == "answered"
+        resumed = run_cli(*chat, "-Q", home=home)  # the run is over: the session is free again
+
+    assert refused.returncode == 2
+    assert refused.stderr.count("\n") == 1 and "being run by another process" in refused.stderr
+    assert len(server.requests) == 2 and resumed.returncode == 0, resumed.stderr
+    assert [m["role"] for m in stored(home, session)] == ["user", "assistant", "user", "assistant"]

@@ -249,12 +249,13 @@ def test_resume_of_an_unknown_session_is_a_clear_error(home: Path) -> None:
 
 
 @pytest.mark.parametrize("flag", [["--resume"], ["-c"]])
-def test_continue_picks_the_most_recent_session(
+def test_continue_picks_the_most_recent_chat_session_never_a_gateways(
     server: ScriptedServer, make_agent, home: Path, flag: list[str]
 ) -> None:
-    server.add(Reply(text="one"), Reply(text="two"), Reply(text="three"))
-    for said in ("first", "second"):  # two earlier sessions (made in-process: only the third is the CLI's)
-        with make_agent() as agent:
+    server.add(*(Reply(text=text) for text in ("one", "two", "private", "by a script", "three")))
+    # earlier sessions, made in-process: two chats, then a gateway's channel and a script's run, later
+    for said, source in (("first", "cli"), ("second", "cli"), ("my diagnosis", "gateway"), ("x", "python")):
+        with make_agent(source=source) as agent:
             agent.chat(said)
     done = run_cli("chat", *flag, "-q", "third", "--base-url", server.base_url, home=home)
     assert done.returncode == 0
@@ -275,7 +276,7 @@ def test_a_locked_database_is_one_clear_error_not_a_hang(
     server: ScriptedServer, make_agent, home: Path
 ) -> None:
     server.add(Reply(text="first"), Reply(text="second"))
-    with make_agent() as agent:  # a session to continue
+    with make_agent(source="cli") as agent:  # a chat to continue
         agent.chat("first")
     holder = sqlite3.connect(home / "state.db", isolation_level=None)
     holder.execute("BEGIN EXCLUSIVE")
@@ -392,3 +393,20 @@ def test_a_history_entry_that_is_not_a_message_is_refused_in_one_line(
     assert str(caught.value).startswith(expected)
     assert "\n" not in str(caught.value)
     assert server.requests == []
+
+
+def test_continue_turn_goes_on_from_the_stored_turn_without_a_new_user_message(
+    server: ScriptedServer, make_agent
+) -> None:
+    server.add(Reply(status=500, error_body={"error": {"message": "down"}}), Reply(text="there you are"))
+    with make_agent() as cut:
+        assert cut.run_conversation("are you there?")["exit_reason"] == "error"
+        session = cut.session_id
+    with make_agent(session_id=session) as resumed:
+        result = resumed.continue_turn()
+        assert result["final_response"] == "there you are"
+        assert [m["content"] for m in resumed.history] == ["are you there?", "there you are"]
+    with make_agent(session_id=session) as again:  # its answer is stored: nothing to ask the model
+        assert again.continue_turn()["final_response"] == "there you are"
+    assert len(server.requests) == 2
+    assert [m["content"] for m in server.requests[1].body["messages"][1:]] == ["are you there?"]
