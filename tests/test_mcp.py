@@ -172,12 +172,16 @@ def test_a_tool_with_an_invalid_schema_is_left_out_and_named_and_the_others_work
     with make_agent(mcp_servers=servers, status_callback=lambda kind, text: notes.append(text)) as agent:
         result = agent.run_conversation("go")
         listed = describe(agent.tools.mcp.connections)  # what `mibyan mcp list` and /mcp show
+    server.add(Reply(text="done"))
+    with make_agent(mcp_servers=servers, status_callback=lambda kind, text: notes.append(text)) as agent:
+        agent.run_conversation("again")  # its first request offers the tools from the cache
     assert tool_results(result) == ["still works"]
     assert {n for n in offered(server) if n.startswith("mcp__")} == {"mcp__raw__echo"}
+    assert {n for n in offered(server, -1) if n.startswith("mcp__")} == {"mcp__raw__echo"}
     why = "inputSchema: Input should be a valid dictionary"
     assert [n for n in notes if "MCP" in n] == [
         f"MCP server 'raw': tools left out, not valid: 'broken' ({why})"
-    ]
+    ] * 2  # by each run, the next one from what the cache remembers
     assert listed[0].startswith("raw  [ready]")
     assert f"    broken  (left out, not a valid tool: {why})" in listed
 
@@ -186,16 +190,20 @@ def test_the_mcp_tools_offered_are_capped_and_what_is_left_out_is_named(
     server: ScriptedServer, make_agent: Callable[..., Any], home: Path
 ) -> None:
     (home / "config.yaml").write_text("mcp: {max_tools: 3}\n")
-    many = {"command": sys.executable, "args": [RAW_SERVER], "env": {"MIBYAN_RAW_TOOLS": "4"}}
+
+    def listing(count: int) -> dict[str, Any]:
+        return {"command": sys.executable, "args": [RAW_SERVER], "env": {"MIBYAN_RAW_TOOLS": str(count)}}
+
     notes: list[str] = []
     server.add(Reply(text="done"))
-    servers = {"a": many, "b": many}
+    servers = {"a": listing(4), "b": listing(300)}  # b lists more than a server's tools that are read
     with make_agent(mcp_servers=servers, status_callback=lambda k, m: notes.append(m)) as agent:
         agent.run_conversation("go")
     mcp_tools = {n for n in offered(server) if n.startswith("mcp__")}
     assert mcp_tools == {"mcp__a__echo", "mcp__a__echo0", "mcp__a__echo1"}
     assert [n for n in notes if "max_tools" in n] == [
-        "7 MCP tools left out, past mcp.max_tools (3): 2 of 'a', 5 of 'b'"
+        "258 MCP tools left out, past mcp.max_tools (3): 2 of 'a', 256 of 'b' (and what it lists past its "
+        "first 256)"
     ]
 
 
