@@ -368,9 +368,18 @@ def test_a_servers_stderr_reaches_the_log_with_its_escapes_made_visible(home: Pa
     from mibyan.tools.mcp_connections import McpConnections
 
     hostile = "printf 'boom \\033[2J\\033]0;owned\\007\\n' >&2; exit 1"
-    servers = {"loud": McpServerSettings(command="sh", args=["-c", hostile])}
+    flood = "yes 0123456789 | head -c 9000000 >&2; exit 1"  # 9 MB: more than is logged of one start
+    servers = {
+        "loud": McpServerSettings(command="sh", args=["-c", hostile]),
+        "flood": McpServerSettings(command="sh", args=["-c", flood]),
+    }
     with McpConnections(servers, home=home, start_timeout=10) as connections:
         assert connections.wait_settled(timeout=30)
     log = home / "logs" / "mcp.log"
-    assert wait_until(lambda: log.exists() and b"boom" in log.read_bytes())
-    assert log.read_bytes() == b"loud: boom \\x1b[2J\\x1b]0;owned\\x07\n"
+    assert wait_until(
+        lambda: log.exists() and b"not logged" in log.read_bytes() and b"boom" in log.read_bytes()
+    )
+    lines = log.read_bytes().splitlines()
+    assert b"loud: boom \\x1b[2J\\x1b]0;owned\\x07" in lines and b"\x1b" not in log.read_bytes()
+    assert b"flood: (the rest of its stderr is not logged: past 8 MB)" in lines
+    assert 8_000_000 < log.stat().st_size < 8_500_000
