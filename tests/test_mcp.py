@@ -383,3 +383,31 @@ def test_a_servers_stderr_reaches_the_log_with_its_escapes_made_visible(home: Pa
     assert b"loud: boom \\x1b[2J\\x1b]0;owned\\x07" in lines and b"\x1b" not in log.read_bytes()
     assert b"flood: (the rest of its stderr is not logged: past 8 MB)" in lines
     assert 8_000_000 < log.stat().st_size < 8_500_000
+
+
+def test_a_failure_at_the_last_start_is_named_once_by_the_runs_sharing_a_servers_connections(
+    home: Path,
+) -> None:
+    # a gateway agent's runs and a subagent share their owner's connections: the owner says it
+    from mibyan.agent.interruptible import InterruptSignal
+    from mibyan.config.mcp import McpServerSettings
+    from mibyan.tools.mcp_connections import McpConnections
+    from mibyan.tools.mcp_tools import McpToolset
+
+    servers = {"gone": McpServerSettings(command="/nonexistent/mcp-server")}
+    said: list[list[str]] = []
+    for _start in ("first", "next"):
+        with McpConnections(servers, home=home, start_timeout=10) as connections:
+            owner = McpToolset(connections, owned=True, signal=InterruptSignal(), default_timeout=5)
+            owner.refresh()
+            said.append(owner.notices())
+            shared = McpToolset(connections, owned=False, signal=InterruptSignal(), default_timeout=5)
+            assert connections.wait_settled(timeout=30)
+            assert shared.notices() == [] and owner.notices() == []  # failed again, as it was named
+    assert said == [
+        ["MCP server 'gone' is left out: cannot start /nonexistent/mcp-server: not found"],
+        [
+            "MCP server 'gone' is left out: cannot start /nonexistent/mcp-server: not found (at its last "
+            "start; it is started again, and its tools are offered if it comes up)"
+        ],
+    ]
