@@ -35,6 +35,7 @@ def describe(connections: McpConnections, offered: set[str] | None = None) -> li
         offered: the tool names the model sees (an agent's), to mark the tools it does not; None
             lists every tool of each server as the filters of its configuration let it through.
     """
+    from mibyan.tools.mcp_cache import MAX_TOOLS
     from mibyan.tools.mcp_tools import selected, tool_name
 
     lines: list[str] = []
@@ -56,8 +57,13 @@ def describe(connections: McpConnections, offered: set[str] | None = None) -> li
                 marks.append("not offered")
             summary = (tool.description.strip().splitlines() or [""])[0][:90]
             lines.append(f"    {name}{'  (' + ', '.join(marks) + ')' if marks else ''}  {summary}")
-        for name, why in state.left_out.items():
+        listing = state.listing
+        for name, why in listing.invalid.items():
             lines.append(f"    {name}  (left out, not a valid tool: {why})")
+        if listing.invalid_count > len(listing.invalid):
+            lines.append(f"    ({listing.invalid_count - len(listing.invalid):,} more left out, not valid)")
+        if listing.truncated:
+            lines.append(f"    (it lists more than {MAX_TOOLS} tools: the rest are not read)")
         if len(shown) < len(tools):
             lines.append(f"    ({len(tools) - len(shown)} more left out by tools.include/exclude)")
     return [visible(line) for line in lines]

@@ -172,12 +172,16 @@ def test_a_tool_with_an_invalid_schema_is_left_out_and_named_and_the_others_work
     with make_agent(mcp_servers=servers, status_callback=lambda kind, text: notes.append(text)) as agent:
         result = agent.run_conversation("go")
         listed = describe(agent.tools.mcp.connections)  # what `mibyan mcp list` and /mcp show
+    server.add(Reply(text="done"))
+    with make_agent(mcp_servers=servers, status_callback=lambda kind, text: notes.append(text)) as agent:
+        agent.run_conversation("again")  # its first request offers the tools from the cache
     assert tool_results(result) == ["still works"]
     assert {n for n in offered(server) if n.startswith("mcp__")} == {"mcp__raw__echo"}
+    assert {n for n in offered(server, -1) if n.startswith("mcp__")} == {"mcp__raw__echo"}
     why = "inputSchema: Input should be a valid dictionary"
     assert [n for n in notes if "MCP" in n] == [
         f"MCP server 'raw': tools left out, not valid: 'broken' ({why})"
-    ]
+    ] * 2  # by each run, the next one from what the cache remembers
     assert listed[0].startswith("raw  [ready]")
     assert f"    broken  (left out, not a valid tool: {why})" in listed
 
@@ -186,16 +190,20 @@ def test_the_mcp_tools_offered_are_capped_and_what_is_left_out_is_named(
     server: ScriptedServer, make_agent: Callable[..., Any], home: Path
 ) -> None:
     (home / "config.yaml").write_text("mcp: {max_tools: 3}\n")
-    many = {"command": sys.executable, "args": [RAW_SERVER], "env": {"MIBYAN_RAW_TOOLS": "4"}}
+
+    def listing(count: int) -> dict[str, Any]:
+        return {"command": sys.executable, "args": [RAW_SERVER], "env": {"MIBYAN_RAW_TOOLS": str(count)}}
+
     notes: list[str] = []
     server.add(Reply(text="done"))
-    servers = {"a": many, "b": many}
+    servers = {"a": listing(4), "b": listing(300)}  # b lists more than a server's tools that are read
     with make_agent(mcp_servers=servers, status_callback=lambda k, m: notes.append(m)) as agent:
         agent.run_conversation("go")
     mcp_tools = {n for n in offered(server) if n.startswith("mcp__")}
     assert mcp_tools == {"mcp__a__echo", "mcp__a__echo0", "mcp__a__echo1"}
     assert [n for n in notes if "max_tools" in n] == [
-        "7 MCP tools left out, past mcp.max_tools (3): 2 of 'a', 5 of 'b'"
+        "258 MCP tools left out, past mcp.max_tools (3): 2 of 'a', 256 of 'b' (and what it lists past its "
+        "first 256)"
     ]
 
 
@@ -360,9 +368,46 @@ def test_a_servers_stderr_reaches_the_log_with_its_escapes_made_visible(home: Pa
     from mibyan.tools.mcp_connections import McpConnections
 
     hostile = "printf 'boom \\033[2J\\033]0;owned\\007\\n' >&2; exit 1"
-    servers = {"loud": McpServerSettings(command="sh", args=["-c", hostile])}
+    flood = "yes 0123456789 | head -c 9000000 >&2; exit 1"  # 9 MB: more than is logged of one start
+    servers = {
+        "loud": McpServerSettings(command="sh", args=["-c", hostile]),
+        "flood": McpServerSettings(command="sh", args=["-c", flood]),
+    }
     with McpConnections(servers, home=home, start_timeout=10) as connections:
         assert connections.wait_settled(timeout=30)
     log = home / "logs" / "mcp.log"
-    assert wait_until(lambda: log.exists() and b"boom" in log.read_bytes())
-    assert log.read_bytes() == b"loud: boom \\x1b[2J\\x1b]0;owned\\x07\n"
+    assert wait_until(
+        lambda: log.exists() and b"not logged" in log.read_bytes() and b"boom" in log.read_bytes()
+    )
+    lines = log.read_bytes().splitlines()
+    assert b"loud: boom \\x1b[2J\\x1b]0;owned\\x07" in lines and b"\x1b" not in log.read_bytes()
+    assert b"flood: (the rest of its stderr is not logged: past 8 MB)" in lines
+    assert 8_000_000 < log.stat().st_size < 8_500_000
+
+
+def test_a_failure_at_the_last_start_is_named_once_by_the_runs_sharing_a_servers_connections(
+    home: Path,
+) -> None:
+    # a gateway agent's runs and a subagent share their owner's connections: the owner says it
+    from mibyan.agent.interruptible import InterruptSignal
+    from mibyan.config.mcp import McpServerSettings
+    from mibyan.tools.mcp_connections import McpConnections
+    from mibyan.tools.mcp_tools import McpToolset
+
+    servers = {"gone": McpServerSettings(command="/nonexistent/mcp-server")}
+    said: list[list[str]] = []
+    for _start in ("first", "next"):
+        with McpConnections(servers, home=home, start_timeout=10) as connections:
+            owner = McpToolset(connections, owned=True, signal=InterruptSignal(), default_timeout=5)
+            owner.refresh()
+            said.append(owner.notices())
+            shared = McpToolset(connections, owned=False, signal=InterruptSignal(), default_timeout=5)
+            assert connections.wait_settled(timeout=30)
+            assert shared.notices() == [] and owner.notices() == []  # failed again, as it was named
+    assert said == [
+        ["MCP server 'gone' is left out: cannot start /nonexistent/mcp-server: not found"],
+        [
+            "MCP server 'gone' is left out: cannot start /nonexistent/mcp-server: not found (at its last "
+            "start; it is started again, and its tools are offered if it comes up)"
+        ],
+    ]

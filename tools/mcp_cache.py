@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -37,12 +37,34 @@ def config_key(settings: McpServerSettings) -> str:
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:32]
 
 
+#: The most tools taken from one server: each one's schema is sent with every request.
+MAX_TOOLS = 256
+#: How many of a server's invalid tools are remembered by name (a hostile server may list thousands).
+INVALID_KEPT = 20
+
+
+@dataclass
+class Listing:
+    """What a server's tool list said besides its tools: the tools left out as not valid (the first
+    `INVALID_KEPT` by name, with why; all of them counted), and whether it listed more than is read."""
+
+    invalid: dict[str, str] = field(default_factory=dict)
+    invalid_count: int = 0
+    truncated: bool = False
+
+    def leave_out(self, name: str, why: str) -> None:
+        self.invalid_count += 1
+        if len(self.invalid) < INVALID_KEPT:
+            self.invalid[name] = why
+
+
 @dataclass(frozen=True)
 class CachedServer:
-    """What the last run learnt of a server: its tools, and why it failed to start, if it did."""
+    """What the last run learnt of a server: its tools and listing, and why it failed to start, if it did."""
 
     tools: list[McpTool]
     failure: str | None = None
+    listing: Listing = field(default_factory=Listing)
 
 
 class ToolCache:
@@ -56,13 +78,26 @@ class ToolCache:
             raw = json.loads((self.folder / f"{config_key(settings)}.json").read_bytes())
             failure = raw.get("failure")
             tools = [McpTool(**entry) for entry in raw["tools"]]
+            listing = Listing(**raw.get("listing", {}))
         except (OSError, ValueError, TypeError, KeyError, AttributeError):
             return None
-        return CachedServer(tools, failure if isinstance(failure, str) else None)
+        return CachedServer(tools, failure if isinstance(failure, str) else None, listing)
 
-    def save(self, settings: McpServerSettings, tools: list[McpTool], *, failure: str | None = None) -> None:
-        """Remember the server's tools, and `failure`: why it did not start this time (None: it did)."""
-        data: dict[str, Any] = {"tools": [tool.__dict__ for tool in tools], "failure": failure}
+    def save(
+        self,
+        settings: McpServerSettings,
+        tools: list[McpTool],
+        *,
+        failure: str | None = None,
+        listing: Listing | None = None,
+    ) -> None:
+        """Remember the server's tools and listing, and `failure`: why it did not start this time (None:
+        it did)."""
+        data: dict[str, Any] = {
+            "tools": [tool.__dict__ for tool in tools],
+            "failure": failure,
+            "listing": asdict(listing or Listing()),
+        }
         try:
             private_dir(self.folder)
             write_private(self.folder / f"{config_key(settings)}.json", json.dumps(data).encode())

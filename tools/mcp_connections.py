@@ -29,7 +29,7 @@ from mibyan.agent.errors import ToolError
 from mibyan.config.mcp import McpServerSettings
 from mibyan.config.paths import private_dir
 from mibyan.tools import context
-from mibyan.tools.mcp_cache import McpTool, ToolCache
+from mibyan.tools.mcp_cache import Listing, McpTool, ToolCache
 
 log = logging.getLogger("mibyan.mcp")
 
@@ -55,7 +55,7 @@ class ServerState:
     last_failure_named: bool = False  # said already, by a toolset of these connections
     live: bool = False  # `tools` came from the server in this run
     pid: int | None = None
-    left_out: dict[str, str] = field(default_factory=dict)  # tools the SDK would refuse, and why
+    listing: Listing = field(default_factory=Listing)  # tools left out as not valid, a cut list
     settled: concurrent.futures.Future[None] = field(default_factory=concurrent.futures.Future)
     client: Any = None
 
@@ -121,7 +121,14 @@ class McpConnections:
         cached = self._cache.load(settings)
         if cached is None:
             return ServerState(name, settings, float("inf"))
-        return ServerState(name, settings, float("inf"), tools=cached.tools, last_failure=cached.failure)
+        return ServerState(
+            name,
+            settings,
+            float("inf"),
+            tools=cached.tools,
+            last_failure=cached.failure,
+            listing=cached.listing,
+        )
 
     def start(self) -> None:
         """Start the servers, on the MCP thread, if they are not started yet (thread-safe, returns at once).
@@ -216,12 +223,10 @@ class McpConnections:
             try:
                 client, check = self._client(state)
                 async with client:
-                    tools = await list_tools(state.name, client)
+                    tools = await list_tools(state.name, client, check.listing)
                     state.client, state.tools, state.live = client, tools, True
-                    state.left_out = dict(check.left_out)
-                    for tool, why in state.left_out.items():
-                        log.warning("MCP server %s: its tool %r is left out (%s)", state.name, tool, why)
-                    self._cache.save(state.settings, tools)
+                    state.listing = check.listing
+                    self._cache.save(state.settings, tools, listing=check.listing)
                     self._settle(state, "ready")
                     await self._stop.wait()
             except Exception as exc:  # a broken server: reported as one line, the agent goes on without it
@@ -245,7 +250,7 @@ class McpConnections:
 
     def _failed_to_start(self, state: ServerState, error: str) -> None:
         """Known as broken: the next start neither waits for it nor forgets to name it."""
-        self._cache.save(state.settings, state.tools or [], failure=error)
+        self._cache.save(state.settings, state.tools or [], failure=error, listing=state.listing)
         self._settle(state, "failed", error)
 
     def _client(self, state: ServerState) -> tuple[Any, Any]:
@@ -273,7 +278,7 @@ class McpConnections:
             )
         info = types.Implementation(name="mibyan", version="0.1.0")
         clients: list[Any] = []
-        check = ToolListCheck(lambda: clients[0].session.protocol_version if clients else None)
+        check = ToolListCheck(state.name, lambda: clients[0].session.protocol_version if clients else None)
         clients.append(Client(checking_tool_lists(transport, check), client_info=info, mode="auto"))
         return clients[0], check
 

@@ -23,28 +23,28 @@ from mcp_types import JSONRPCRequest, JSONRPCResponse
 from mcp_types.methods import validate_server_result
 from pydantic import ValidationError
 
-from mibyan.tools.mcp_cache import McpTool
+from mibyan.tools.mcp_cache import MAX_TOOLS, Listing, McpTool
 
 log = logging.getLogger("mibyan.mcp")
 
 #: How much of a bad tool's name is kept to name it (the server chose it).
 _NAME_SHOWN = 80
 _FALLBACK_VERSION = "2025-11-25"  # the SDK's own, before the version is negotiated
-#: The most tools taken from one server: each one's schema is sent with every request.
-MAX_TOOLS = 256
 
 
 class ToolListCheck:
-    """What the checks found: each left-out tool's name and why, for as long as the connection lasts.
+    """What the checks found: the tools left out (see Listing), for as long as the connection lasts.
 
     Args:
+        server: the server's name, for the log.
         version: the negotiated protocol version, once known (the tools are checked against it).
     """
 
-    def __init__(self, version: Callable[[], str | None]) -> None:
+    def __init__(self, server: str, version: Callable[[], str | None]) -> None:
+        self._server = server
         self._version = version
         self._listing: set[Any] = set()  # ids of the tools/list requests still unanswered
-        self.left_out: dict[str, str] = {}
+        self.listing = Listing()
 
     def sent(self, item: SessionMessage) -> None:
         message = item.message
@@ -70,7 +70,10 @@ class ToolListCheck:
                 validate_server_result("tools/list", version, {"tools": [tool]})
             types.Tool.model_validate(tool, by_name=False)
         except ValidationError as exc:
-            self.left_out[_name_of(index, tool)] = _reason(exc)
+            name, why = _name_of(index, tool), _reason(exc)
+            if self.listing.invalid_count < 100:  # named in the log; a hostile list is not copied whole
+                log.warning("MCP server %s: its tool %r is left out, not valid: %s", self._server, name, why)
+            self.listing.leave_out(name, why)
             return False
         return True
 
@@ -152,13 +155,15 @@ async def checking_tool_lists(transport: Any, check: ToolListCheck) -> AsyncIter
         yield _Reads(read, check), _Writes(write, check)
 
 
-async def list_tools(server: str, client: Any) -> list[McpTool]:
-    """The server's tools, page by page, up to `MAX_TOOLS` (each costs room in every request)."""
+async def list_tools(server: str, client: Any, listing: Listing) -> list[McpTool]:
+    """The server's tools, page by page, up to `MAX_TOOLS` (each costs room in every request); a list
+    cut there is marked in `listing`."""
     tools: list[McpTool] = []
     cursor = None
     for _ in range(100):  # a server whose pages never end cannot hold the start forever
         if len(tools) >= MAX_TOOLS:
             log.warning("MCP server %s lists more than %d tools; the rest are left out", server, MAX_TOOLS)
+            listing.truncated = True
             return tools[:MAX_TOOLS]
         page = await client.list_tools(cursor=cursor)
         for tool in page.tools:
@@ -174,4 +179,5 @@ async def list_tools(server: str, client: Any) -> list[McpTool]:
         cursor = page.next_cursor
         if cursor is None:
             break
+    listing.truncated = listing.truncated or len(tools) > MAX_TOOLS
     return tools[:MAX_TOOLS]

@@ -28,7 +28,7 @@ from mibyan.agent.errors import ToolError
 from mibyan.agent.interruptible import InterruptSignal
 from mibyan.config.mcp import McpServerSettings
 from mibyan.tools.approval import Verdict, mcp_subject, mcp_verdict
-from mibyan.tools.mcp_cache import McpTool
+from mibyan.tools.mcp_cache import MAX_TOOLS, McpTool
 from mibyan.tools.mcp_connections import MISSING_SDK, McpConnections, ServerState
 from mibyan.tools.registry import ToolSpec
 
@@ -37,6 +37,8 @@ log = logging.getLogger("mibyan.mcp")
 _MAX_NAME = 64
 _MAX_DESCRIPTION = 4000
 _UNSAFE_NAME = re.compile(r"[^A-Za-z0-9_-]")
+#: How many of a server's invalid tools are named (a hostile server may list thousands).
+_NAMED_INVALID = 5
 #: Beyond the server's own timeout, how long the executor waits before it gives up on the call.
 _EXECUTOR_GRACE = 5.0
 
@@ -151,17 +153,24 @@ class McpToolset:
         # a subagent's toolset leaves all of that to its parent
         self._reported: dict[str, str | None] = {}
         self._reported_cap: dict[str, int] = {}
+        self._from_last: set[str] = set()  # servers named from their last start's failure
         self._reported_tools: set[str] = set()
         if not owned:
-            for name, state in connections.servers.items():
-                said = state.error if state.status == "failed" else None
-                said = said or (state.last_failure if state.last_failure_named else None)
-                if said is not None:
-                    self._reported[name] = said
-            self._reported_tools = set(connections.servers)
+            self._leave_to_owner()
         connections.on_change(self._on_change)
         if any(state.tools is None for state in connections.servers.values()):
             connections.start()  # the first request waits for these: start them now
+
+    def _leave_to_owner(self) -> None:
+        """What the connections' owner has said already (or says): not said again by this toolset."""
+        for name, state in self.connections.servers.items():
+            said = state.error if state.status == "failed" else None
+            if state.last_failure_named:
+                said = said or state.last_failure
+                self._from_last.add(name)
+            if said is not None:
+                self._reported[name] = said
+        self._reported_tools = set(self.connections.servers)
 
     def _on_change(self) -> None:
         self._changed.set()
@@ -241,7 +250,13 @@ class McpToolset:
         """One line for each thing about the servers not said yet: a server left out (one line if the
         SDK is missing), a server's tools left out as invalid, the tools beyond `mcp.max_tools`."""
         servers = self.connections.servers.values()
-        failed = [s for s in servers if s.status == "failed" and self._reported.get(s.name) != s.error]
+        failed = [
+            s
+            for s in servers
+            if s.status == "failed"
+            and self._reported.get(s.name) != s.error
+            and not (s.name in self._from_last and not s.live)  # out still: said once is enough
+        ]
         # failed at its last start, and not up yet: said now, or a run that ends first never says it
         last = [
             s
@@ -253,6 +268,7 @@ class McpToolset:
         ]
         for state in last:
             state.last_failure_named = True  # by one of the toolsets sharing the connections only
+            self._from_last.add(state.name)
         self._reported.update({s.name: s.error for s in failed} | {s.name: s.last_failure for s in last})
         if failed and all(s.error == MISSING_SDK for s in failed):
             names = ", ".join(s.name for s in failed)
@@ -272,9 +288,13 @@ class McpToolset:
     def _invalid_tools_notices(self) -> list[str]:
         lines = []
         for state in self.connections.servers.values():
-            if state.live and state.left_out and state.name not in self._reported_tools:
+            listing = state.listing  # the server's own, or the cache's until it lists its tools
+            if listing.invalid_count and state.name not in self._reported_tools:
                 self._reported_tools.add(state.name)
-                tools = "; ".join(f"{name!r} ({why})" for name, why in state.left_out.items())
+                named = list(listing.invalid.items())[:_NAMED_INVALID]
+                tools = "; ".join(f"{name!r} ({why})" for name, why in named)
+                more = listing.invalid_count - len(named)
+                tools += f"; and {more:,} more" if more else ""
                 lines.append(f"MCP server {state.name!r}: tools left out, not valid: {tools}")
         return lines
 
@@ -282,7 +302,12 @@ class McpToolset:
         if not self._beyond_cap or self._beyond_cap == self._reported_cap:
             return []
         self._reported_cap = dict(self._beyond_cap)
-        parts = ", ".join(f"{count:,} of {name!r}" for name, count in self._beyond_cap.items())
+        servers = self.connections.servers
+        parts = ", ".join(
+            f"{count:,} of {name!r}"
+            + (f" (and what it lists past its first {MAX_TOOLS})" if servers[name].listing.truncated else "")
+            for name, count in self._beyond_cap.items()
+        )
         total = sum(self._beyond_cap.values())
         return [f"{total:,} MCP tools left out, past mcp.max_tools ({self._max_tools}): {parts}"]
 

@@ -33,6 +33,9 @@ log = logging.getLogger("mibyan.mcp")
 
 #: The longest line a server may write (a tool list, a file's content); longer ones are skipped.
 LINE_LIMIT = 32 * 1024 * 1024
+#: The most of one server's stderr logged per start (a server flooding it cannot fill the disk).
+STDERR_LOGGED = 8 * 1024 * 1024
+_STDERR_CHUNK = 64 * 1024
 #: After its stdin closes, how long a server gets to exit before it is sent SIGTERM, then SIGKILL.
 EXIT_GRACE = 1.0
 #: Variables a stdio server gets from mibyan's environment; its `env:` adds to them. Keys stay with mibyan.
@@ -102,17 +105,29 @@ async def _read_messages(
 async def _copy_stderr(name: str, stderr: asyncio.StreamReader, errlog: IO[bytes]) -> None:
     """The server's stderr into the log, each line as `name: text`, escapes shown, not acting on the
     terminal of whoever reads the log (a server could clear it, or retitle it, with a line)."""
+    written, pending = 0, b""
     with errlog:
         while True:
-            try:
-                line = await stderr.readline()
-            except ValueError:  # a line past LINE_LIMIT: the reader dropped it
-                line = b"(a line too long for the log)\n"
-            if not line:
-                return
-            text = visible(line.decode("utf-8", "replace").rstrip("\n"))
-            with contextlib.suppress(OSError):  # a full disk loses the log, not the server
-                errlog.write(f"{name}: {text}\n".encode())
+            chunk = await stderr.read(_STDERR_CHUNK)
+            pending += chunk
+            lines = pending.split(b"\n")
+            pending = lines.pop() if chunk else b""
+            if len(pending) > _STDERR_CHUNK:  # a line without end is logged in pieces
+                lines.append(pending)
+                pending = b""
+            if written <= STDERR_LOGGED:
+                entries = [f"{name}: {visible(line.decode('utf-8', 'replace'))}\n" for line in lines if line]
+                text = "".join(entries)
+                if written + len(text) > STDERR_LOGGED:
+                    text = (
+                        f"{name}: (the rest of its stderr is not logged: past {STDERR_LOGGED // 2**20} MB)\n"
+                    )
+                    written = STDERR_LOGGED
+                written += len(text)
+                with contextlib.suppress(OSError):  # a full disk loses the log, not the server
+                    errlog.write(text.encode())
+            if not chunk:
+                return  # until then it is read on, logged or not, or the server blocks on a full pipe
 
 
 async def _write_messages(stdin: asyncio.StreamWriter, source: anyio.abc.ObjectReceiveStream[Any]) -> None:
