@@ -109,6 +109,10 @@ HOSTILE: list[tuple[str, str]] = [
     ("git config core.pager less", "dangerous"),  # git runs whatever it holds later, unasked
     ("git config -f .git/config --add diff.external ./d.sh", "dangerous"),
     ("git config set alias.st '!git status'", "dangerous"),
+    ("GIT_CONFIG_COUNT=0 git status", "dangerous"),  # it carries what keeps a repository's config off
+    ("env -u GIT_CONFIG_COUNT git status", "dangerous"),
+    ("unset GIT_CONFIG_KEY_0; git status", "dangerous"),
+    ("env -i PATH=/usr/bin git status", "dangerous"),
     ("git push origin :main", "dangerous"),
     ("git -C repo push --force", "dangerous"),
     ("git checkout -- .", "dangerous"),
