@@ -7,7 +7,7 @@ still gets the text as it was; only what is kept is masked.
 Two kinds of pattern. Shapes that are secrets wherever they appear (provider keys, tokens with a known
 prefix, JWTs, private key blocks) are cut to their first few characters, so a user can still tell
 which key it was. Values given to a name that says "secret" (`password=`, `token: `, `"api_key": "..."`,
-`https://user:password@host`) keep the name and lose the whole value.
+`https://user:password@host`, `Authorization: Basic ...`) keep the name and lose the whole value.
 
 A maintained scanner (detect-secrets) was weighed: it is built to scan files line by line with
 process-wide settings and ships entropy detectors that would mask hashes and base64 in every tool
@@ -47,7 +47,7 @@ _WORDS = (
     r"|credential"
 )
 _NAME = rf"(?:{_WORDS})[A-Za-z0-9_\-]{{0,40}}+"
-_NAME_LITERALS = ("pass", "secret", "token", "key", "credential", "://")
+_NAME_LITERALS = ("pass", "secret", "token", "key", "credential", "authoriz", "://")
 
 #: Values given to a secret-sounding name: the "value" group is masked. They run on the lowered text
 #: (a case-insensitive pattern would be several times slower), so they are written in lower case.
@@ -58,6 +58,12 @@ _ASSIGNMENTS = [
     rf"(?P<name>{_NAME})=(?P<value>[^\s\"'&;,#<>\\]{{3,}})",
     # token: abc (YAML, unquoted, the whole rest of the line)
     rf"(?m)^[ \t\-]*(?P<name>[a-z0-9_.\-]{{0,40}}?{_NAME}):[ \t]+(?P<value>[^\s\"'#\\][^\n#\"\\]*?)[ \t]*$",
+    # ... token: abc123 ... (in the middle of a line, unquoted): one word, holding a digit or a sign and
+    # not a web address, so that prose ("the token: it expires", "a token: https://...") keeps its words
+    rf"(?P<name>{_NAME}):[ \t]+(?P<value>(?!https?://)(?=[^\s\"'`#\\,;()<>]*?[0-9!$%^*+/=@_\-])[^\s\"'`#\\,;()<>]{{6,}}+)",
+    # Authorization: Basic dXNlcjpw... / Authorization: token abc... (any scheme but Bearer's, a shape)
+    r"(?P<name>authorization)[\"']?\s*[:=]\s*[\"']?(?:basic|token|digest|negotiate|apikey|key)[ \t]+"
+    r"(?P<value>[a-z0-9_\-.=+/:~]{4,}+)",
     # https://user:password@host
     r"(?P<name>(?<![a-z0-9+.\-])[a-z][a-z0-9+.\-]*+://[^/\s:@\"\\]++):(?P<value>[^/\s@\"\\]{3,}+)(?=@)",
 ]

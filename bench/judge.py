@@ -1,4 +1,6 @@
-"""The command judge: time to judge a typical command and a long compound one, beside a 2 ms floor.
+"""The command judge: time to judge a typical command and a long compound one, beside a 2 ms floor, and
+a command line at the length cap (64 KiB of short words, the reader's worst case: about 0.7 to 1 s on 2 busy
+cores, growing linearly with the length) and one past it (refused at once).
 
 The first judgement also pays for importing tree-sitter and loading the bash grammar; it is shown apart.
 """
@@ -65,12 +67,19 @@ def _script_on_disk(runs: int) -> list[float]:
         return _per_command("bash build.sh", runs, cwd=Path(folder))
 
 
+#: A command line at the cap, of the shape the reader spends most on: one short word after another.
+AT_THE_CAP = "echo " + "a " * ((64 * 1024 - 5) // 2)
+PAST_THE_CAP = "echo " + "a " * (512 * 1024)
+
+
 def main(runs: int = 200) -> None:
     show("judge a typical command", _per_command(TYPICAL, runs), FLOOR_MS)
     lines = COMPOUND.count("\n") + 1
     show(f"judge a {lines}-line compound command", _per_command(COMPOUND, runs // 4), FLOOR_MS)
     show("judge the 20 lines of a script, given inline", _per_command(SCRIPT, runs // 4), FLOOR_MS)
     show("judge `bash build.sh`, those lines on disk", _script_on_disk(runs // 4), FLOOR_MS)
+    show("judge a 64 KiB command of 32,766 words", _per_command(AT_THE_CAP, 3))
+    show("refuse a 1 MiB command (over the cap)", _per_command(PAST_THE_CAP, runs // 4))
     show("  first judgement in a process (imports)", [_first_judgement_ms() for _ in range(3)])
 
 

@@ -21,7 +21,7 @@ from test_gateway import MEEPA, ask
 KEY = "-----BEGIN FAKE KEY----- the-secret-of-the-test\n"
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def user_home() -> Iterator[Path]:
     """The home of the user running the gateway ($HOME), holding a (fake) SSH key and a project's notes;
     outside the temporary directory, whose place the agent's own /tmp takes in its sandbox."""
@@ -37,27 +37,45 @@ def user_home() -> Iterator[Path]:
     shutil.rmtree(folder, ignore_errors=True)
 
 
+@pytest.fixture(scope="module")
+def served(
+    user_home: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[RunningGateway, ScriptedServer]]:
+    """One gateway (approvals: ask) for the module's tests, each on a channel of its own."""
+    home = tmp_path_factory.mktemp("gateway") / "home"
+    home.mkdir(mode=0o700)
+    with ScriptedServer() as server:
+        write_config(home, {"local": server.base_url}, [MEEPA], gateway={"approvals": "ask"})
+        with RunningGateway(home, env={"HOME": str(user_home)}) as running:
+            yield running, server
+
+
 @pytest.fixture
-def gateway(server: ScriptedServer, home: Path, user_home: Path) -> Iterator[RunningGateway]:
-    write_config(home, {"local": server.base_url}, [MEEPA], gateway={"approvals": "ask"})
-    with RunningGateway(home, env={"HOME": str(user_home)}) as running:
-        yield running
+def gateway(served: tuple[RunningGateway, ScriptedServer]) -> RunningGateway:
+    return served[0]
+
+
+@pytest.fixture
+def server(served: tuple[RunningGateway, ScriptedServer]) -> ScriptedServer:
+    return served[1]
 
 
 def text(raw: object) -> str:
     return str(raw.parse().choices[0].message.content)  # type: ignore[attr-defined]
 
 
-def approved_result(gateway: RunningGateway, server: ScriptedServer, command: str, files: str) -> str:
+def approved_result(
+    gateway: RunningGateway, server: ScriptedServer, command: str, files: str, *, channel: str
+) -> str:
     """The result of `command`, run after the model wrote `files` to p.txt and the channel approved it."""
     server.add(
         Reply(tool_calls=[("write_file", {"path": "p.txt", "content": files})]),
         Reply(tool_calls=[("terminal", {"command": command})]),
         Reply(text="done"),
     )
-    question = text(ask(gateway, "look", channel="mallory"))
+    question = text(ask(gateway, "look", channel=channel))
     assert "/approve" in question, question
-    assert text(ask(gateway, "/approve", channel="mallory")) == "done"
+    assert text(ask(gateway, "/approve", channel=channel)) == "done"
     result = server.requests[-1].body["messages"][-1]
     assert result["role"] == "tool"
     return str(result["content"])
@@ -74,7 +92,7 @@ def _shadow_start() -> str | None:
 def test_an_approved_command_reading_etc_shadow_through_xargs_gets_nothing(
     gateway: RunningGateway, server: ScriptedServer
 ) -> None:
-    result = approved_result(gateway, server, "xargs head -c 40 < p.txt", "/etc/shadow\n")
+    result = approved_result(gateway, server, "xargs head -c 40 < p.txt", "/etc/shadow\n", channel="a")
 
     start = _shadow_start()
     assert start is None or start not in result, result
@@ -86,7 +104,7 @@ def test_an_approved_command_sees_nothing_of_the_home_of_the_user_running_the_ga
 ) -> None:
     files = f"{user_home}/.ssh/id_rsa\n{user_home}/project/notes.txt\n"
 
-    result = approved_result(gateway, server, "xargs cat < p.txt", files)
+    result = approved_result(gateway, server, "xargs cat < p.txt", files, channel="b")
 
     assert "the-secret-of-the-test" not in result and "the-user-notes" not in result, result
     assert "No such file" in result
@@ -98,7 +116,7 @@ def test_a_command_the_judge_sees_reading_a_secret_is_refused_without_asking(
     commands = ["head -c 40 /etc/shadow", f"cat < {user_home}/.ssh/id_rsa", "cp ~/.ssh/id_rsa k"]
     server.add(Reply(tool_calls=[("terminal", {"command": c}) for c in commands]), Reply(text="no luck"))
 
-    assert text(ask(gateway, "look", channel="mallory")) == "no luck"  # nobody was asked
+    assert text(ask(gateway, "look", channel="c")) == "no luck"  # nobody was asked
 
     results = [m["content"] for m in server.requests[-1].body["messages"] if m["role"] == "tool"]
     assert len(results) == 3

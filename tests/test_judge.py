@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import run_cli
 from loopback import Reply, ScriptedServer
+from sandboxing import run_command
 
 from mibyan.agent.interruptible import InterruptSignal
 from mibyan.tools import context
@@ -106,6 +109,10 @@ HOSTILE: list[tuple[str, str]] = [
     ("git config core.pager less", "dangerous"),  # git runs whatever it holds later, unasked
     ("git config -f .git/config --add diff.external ./d.sh", "dangerous"),
     ("git config set alias.st '!git status'", "dangerous"),
+    ("GIT_CONFIG_COUNT=0 git status", "dangerous"),  # it carries what keeps a repository's config off
+    ("env -u GIT_CONFIG_COUNT git status", "dangerous"),
+    ("unset GIT_CONFIG_KEY_0; git status", "dangerous"),
+    ("env -i PATH=/usr/bin git status", "dangerous"),
     ("git push origin :main", "dangerous"),
     ("git -C repo push --force", "dangerous"),
     ("git checkout -- .", "dangerous"),
@@ -593,3 +600,26 @@ def test_a_script_changed_while_the_user_is_asked_does_not_run(
     assert (tmp_path / "src").exists() and (tmp_path / "build").exists()
     tool = next(m["content"] for m in result["messages"] if m["role"] == "tool")
     assert "not run: what it runs changed after it was judged" in tool and "rm -r build src" in tool
+
+
+def test_a_command_over_64_kib_is_refused_with_what_to_do_and_one_at_the_cap_is_judged() -> None:
+    at_the_cap = "echo " + "a" * (65_536 - len("echo "))
+    assert classify_command(at_the_cap).tier == "safe"
+
+    verdict = classify_command("echo " + "a b " * 262_143)
+
+    assert (verdict.tier, verdict.key) == ("hardline", "too_long")
+    assert verdict.reason == (
+        "is 1,048,577 bytes long; mibyan judges commands of up to 65,536 bytes: "
+        "write it to a script file and run that"
+    )
+    assert classify_command(at_the_cap + "é").key == "too_long"  # counted in bytes, as bash gets it
+
+
+def test_a_too_long_command_is_one_clear_refusal_in_its_result(
+    server: ScriptedServer, make_agent: Callable[..., Any]
+) -> None:
+    result = run_command(server, make_agent, "echo " + "x " * 100_000, yolo=True)
+
+    assert result.startswith("blocked: is 200,005 bytes long; mibyan judges commands of up to 65,536")
+    assert "Argument list too long" not in result

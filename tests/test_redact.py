@@ -42,6 +42,13 @@ ASSIGNED = {  # text → the value that must not survive
     "API_KEY='k-77aa88bb'": "k-77aa88bb",
     "postgres://bob:pa55w0rd@db.internal:5432/app": "pa55w0rd",
     "Authorization: Bearer abcdefghijklmnopqrstuvwx": "abcdefghijklmnopqrstuvwx",
+    "the config says token: abc123xyz and more": "abc123xyz",
+    "then password: hunter2! worked": "hunter2!",
+    "it failed with api_key: k-77aa88bb, so": "k-77aa88bb",
+    'curl -H "X-Api-Key: q8Zr3kLm99" https://x': "q8Zr3kLm99",
+    "curl -H 'Authorization: Basic dXNlcjpwYXNzd29yZA==' https://x": "dXNlcjpwYXNzd29yZA==",
+    "Authorization: token 0123abcdefabcdef": "0123abcdefabcdef",
+    '{"headers": {"authorization": "basic YWxpY2U6czNjcjN0"}}': "YWxpY2U6czNjcjN0",
 }
 
 
@@ -64,7 +71,17 @@ def test_a_private_key_block_is_masked_whole() -> None:
 
 
 @pytest.mark.parametrize(
-    "text", ["max_tokens=4096", "token = get_token()", "the key point is speed", "see https://example.com/a"]
+    "text",
+    [
+        "max_tokens=4096",
+        "token = get_token()",
+        "the key point is speed",
+        "see https://example.com/a",
+        "so the token: it expires after an hour, and the password: whatever you chose",
+        "make a token: https://github.com/settings/tokens then come back",
+        "Authorization: required for every call; max_tokens: 4096, token_count: 12",
+        "the README lists `token: …` as masked",
+    ],
 )
 def test_ordinary_text_is_left_alone(text: str) -> None:
     assert mask_secrets(text) == text

@@ -37,6 +37,26 @@ def _config_command(j: Judge, key: str, value: str) -> Verdict:
     return j.script(value.removeprefix("!"))
 
 
+#: The variables that carry the settings keeping a repository's config from running commands
+#: (tools/git_guard.py), or that would replace them: a command changing one is asked about.
+_GUARD_VARIABLE = re.compile(r"^GIT_CONFIG(_[A-Z0-9_]*)?$")
+
+
+def changes_git_guard(names: list[str], *, clears: bool = False) -> Verdict:
+    """The verdict of a command that sets or unsets the variables `names` (`clears`: all of them, as
+    `env -i` does): asked when one carries the settings that keep a repository's git config from
+    running commands."""
+    hit = next((n for n in names if _GUARD_VARIABLE.match(n)), None)
+    if hit is None and not clears:
+        return SAFE
+    what = hit or "the whole environment"
+    return Verdict(
+        "dangerous",
+        f"changes {what}, which keeps a repository's own git config from running commands",
+        "git_environment",
+    )
+
+
 def judge_git(j: Judge, args: list[Word], feed: Feed) -> Verdict:
     findings: list[Verdict] = []
     i = 0

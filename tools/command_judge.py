@@ -22,7 +22,8 @@ A parse error or a construct the judge does not know is "ask", never "safe"; a b
 read a second, looser way (tools/command_loose.py) so that a hardline command hidden behind a syntax
 error still never runs. The command is judged once as written and once with Unicode folded (NFKC,
 invisible characters and line continuations removed), and the worse reading wins. A command that
-spends the judge's budget of work (guesses multiply) or nests deeper than Python's stack never runs.
+spends the judge's budget of work (guesses multiply) or nests deeper than Python's stack never runs,
+nor does a command line longer than 64 KiB (`MAX_COMMAND_BYTES`): it goes in a script file.
 """
 
 from __future__ import annotations
@@ -49,6 +50,9 @@ from mibyan.tools.protected import protected_reason
 if TYPE_CHECKING:
     from tree_sitter import Parser
 
+#: The longest command line judged: beyond it, judging would hold a worker for seconds (and bash
+#: could not be started with it past 128 KiB anyway). A script file of any size is read as a script.
+MAX_COMMAND_BYTES = 64 * 1024
 MAX_DEPTH = 8  # scripts inside scripts (`sh -c "eval '...'"`) deeper than this are not read: ask
 _INVISIBLE = dict.fromkeys(map(ord, "\u200b\u200c\u200d\u2060\ufeff\u00ad\u180e"))
 _TOO_DEEP = Verdict("dangerous", "nests scripts too deeply for mibyan to read", "unreadable")
@@ -387,6 +391,14 @@ def judge(command: str, *, home: Path, cwd: Path, user_home: Path | None = None)
         cwd: the directory the command runs in.
         user_home: the user's home directory (`~`, `$HOME`); the process's own when omitted.
     """
+    size = len(command.encode("utf-8", "surrogatepass"))
+    if size > MAX_COMMAND_BYTES:
+        return Verdict(
+            "hardline",
+            f"is {size:,} bytes long; mibyan judges commands of up to {MAX_COMMAND_BYTES:,} bytes: "
+            "write it to a script file and run that",
+            "too_long",
+        )
     judge = CommandJudge(home=home, cwd=cwd, user_home=user_home or Path.home())
     judge.budget += len(command)
     try:

@@ -90,10 +90,16 @@ def _wrapper(j: Judge, name: str, args: list[Word], feed: Feed) -> Verdict:
 
 
 def _env(j: Judge, name: str, args: list[Word], feed: Feed) -> Verdict:
+    from mibyan.tools.command_git import changes_git_guard
+
     i = 0
+    changed: list[str] = []
+    clears = False
     while i < len(args):
         text = args[i].text
         if text in ("-u", "-C", "--unset", "--chdir"):
+            if text in ("-u", "--unset") and i + 1 < len(args):
+                changed.append(args[i + 1].text)
             i += 2
         elif text in ("-S", "--split-string") or text.startswith(("-S", "--split-string=")):
             split = text.partition("=")[2] if "=" in text else text[2:]
@@ -102,10 +108,12 @@ def _env(j: Judge, name: str, args: list[Word], feed: Feed) -> Verdict:
             # `env -S "rm -rf /"`: the string is split into words like a tiny shell
             return j.script(" ".join([split, *(w.text for w in args[i + 1 :])]), feed)
         elif text.startswith("-") or re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", text):
+            clears |= text in ("-", "-i", "--ignore-environment")
+            changed.append(text.partition("=")[0] if not text.startswith("-") else text.partition("=")[2])
             i += 1
         else:
             break
-    return j.run(args[i:], feed)
+    return combine([changes_git_guard(changed, clears=clears), j.run(args[i:], feed)])
 
 
 def _command(j: Judge, name: str, args: list[Word], feed: Feed) -> Verdict:

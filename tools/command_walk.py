@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from mibyan.tools.approval import Verdict
 from mibyan.tools.command_code import script_file
+from mibyan.tools.command_git import changes_git_guard
 from mibyan.tools.command_reader import output_guesses, static_output
 from mibyan.tools.command_words import Feed, Stream, command_name
 
@@ -58,7 +59,6 @@ _CONTAINERS = {
     "subscript",
     "variable_assignments",
     "declaration_command",
-    "unset_command",
     "command_name",
 }
 _LEAVES = {
@@ -324,7 +324,14 @@ class Walk:
                 self.findings.append(script_file(self.judge, variable, word, self.judge.script_at))
         if value is not None:
             self.quoted_substitution(value)
+        self.findings.append(changes_git_guard([variable]))
         self.children(node, None)
+
+    def unset(self, node: Node, feed: Feed) -> None:
+        """`unset GIT_CONFIG_COUNT`: a variable that keeps a repository's git config from running commands."""
+        names = [(c.text or b"").decode(errors="replace") for c in node.named_children]
+        self.findings.append(changes_git_guard(names))
+        self.children(node, feed)
 
     def quoted_substitution(self, value: Node) -> None:
         """`x='a[$(cmd)]'; echo $((x))`: arithmetic runs the `$(...)` a quoted value hides.
@@ -370,6 +377,7 @@ _HANDLERS: dict[str, Any] = {
     "process_substitution": Walk.process_substitution,
     "command_substitution": Walk.substitution,
     "variable_assignment": Walk.assignment,
+    "unset_command": Walk.unset,
     "file_redirect": lambda walk, node, feed: walk.redirect(node),
     "herestring_redirect": lambda walk, node, feed: walk.children(node, None),
     "heredoc_redirect": lambda walk, node, feed: walk.heredoc_tail(node, node),

@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import os
 import re
+import shlex
 import shutil
 import subprocess
 from collections.abc import Mapping
@@ -28,7 +29,7 @@ _RUNS_COMMANDS = re.compile(
     r"filter\..+\.(clean|smudge|process)|credential(\..+)?\.helper)$",
     re.IGNORECASE,
 )
-_USERS_OWN = r"^core\.(hookspath|fsmonitor|sshcommand)$"
+_USERS_OWN = r"^core\.(hookspath|fsmonitor|sshcommand|askpass)$"
 
 
 def repository_of(folder: Path) -> tuple[Path, Path] | None:
@@ -92,9 +93,10 @@ def neutral_environment(environment: Mapping[str, str]) -> dict[str, str]:
     settings = {
         "core.fsmonitor": own.get("core.fsmonitor", "false"),
         "core.hooksPath": own.get("core.hookspath", os.devnull),
-        "core.sshCommand": own.get("core.sshcommand", "ssh"),
+        # core.sshCommand outranks GIT_SSH: a user's GIT_SSH program is kept by naming it here
+        "core.sshCommand": own.get("core.sshcommand", shlex.quote(environment.get("GIT_SSH") or "ssh")),
         "core.pager": "cat",
-        "core.askPass": "",
+        "core.askPass": own.get("core.askpass", ""),
     }
     try:
         start = int(environment.get("GIT_CONFIG_COUNT", "0"))
