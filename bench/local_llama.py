@@ -93,11 +93,11 @@ def _free_port() -> int:
 class LlamaServer:
     """A running llama-server on loopback, its log read for how many requests it took and their timings."""
 
-    def __init__(self, binary: Path, model: Path, log: Path) -> None:
+    def __init__(self, binary: Path, model: Path, log: Path, threads: int) -> None:
         self.port = _free_port()
         self.log = log
-        # A smaller batch than the default 2048: llama.cpp notices a hang-up only between two batches.
-        argv = [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(self.port), "-b", "512"]
+        argv = [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(self.port)]
+        argv += ["-t", str(threads)]
         self._process = subprocess.Popen(argv, stdout=log.open("w"), stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 120
         while not self._healthy():
@@ -131,10 +131,34 @@ class LlamaServer:
         self._process.send_signal(signal.SIGTERM)
         self._process.wait(30)
 
+    def token_gaps(self, words: int = 40) -> list[float]:
+        """Seconds between the stream's events of a short answer, measured without mibyan: what a stall
+        timeout is up against on this machine now."""
+        body = {
+            "messages": [{"role": "user", "content": "Tell a story."}],
+            "stream": True,
+            "max_tokens": words,
+        }
+        request = urllib.request.Request(
+            f"{self.base_url}/chat/completions",
+            json.dumps(body).encode(),
+            {"Content-Type": "application/json"},
+        )
+        gaps: list[float] = []
+        with urllib.request.urlopen(request, timeout=300) as reply:
+            last = None
+            for line in reply:
+                if line.strip():
+                    now = time.monotonic()
+                    if last is not None:
+                        gaps.append(now - last)
+                    last = now
+        return gaps
+
 
 @contextmanager
-def serving(work: Path) -> Iterator[LlamaServer]:
-    server = LlamaServer(build_server(work), model_file(work), work / "llama-server.log")
+def serving(work: Path, threads: int) -> Iterator[LlamaServer]:
+    server = LlamaServer(build_server(work), model_file(work), work / "llama-server.log", threads)
     try:
         yield server
     finally:
@@ -169,7 +193,8 @@ class Mibyan:
     def __init__(self, server: LlamaServer, home: Path) -> None:
         self.server = server
         self.home = home
-        (home / "config.yaml").write_text("agent: {stream_stall_timeout: 4}\n")
+        # Short answers: a 135M model on a busy CPU writes about a token a second, and rambles.
+        (home / "config.yaml").write_text("agent: {stream_stall_timeout: 4, max_tokens: 48}\n")
         self.env = {**os.environ, "MIBYAN_HOME": str(home), "PYTHONPATH": str(ROOT)}
 
     def argv(self) -> list[str]:
@@ -206,12 +231,15 @@ class Mibyan:
         out, err = process.communicate(timeout=900)
         seconds = time.monotonic() - began
         made = len(self.server.lines("launch_slot_")) - requests
-        reading = self.server.lines("prompt eval time")[-1:] or ["(no timing)"]
-        first = reading[0].split("prompt eval time =")[-1].strip()
+        # The first call of the run reads the whole prompt; the later ones (the continuation of an answer
+        # cut at max_tokens, the session's title) mostly hit the server's prompt cache.
+        reading = self.server.lines("prompt eval time")[-made:][:1] or ["(no timing)"]
+        first = reading[0].split("prompt eval time =")[-1].split("(")[0].strip()
         print(
             f"{label:<34} exit {process.returncode}  {seconds:6.1f} s  requests {made}  prompt read: {first}"
         )
         retries = [line for line in err.decode().splitlines() if "retry" in line]
+        print(f"{'':<34} retries {len(retries)}")
         for line in retries:
             print(f"{'':<34} {line.strip()}")
         return subprocess.CompletedProcess(process.args, process.returncode, out.decode(), err.decode())
@@ -243,6 +271,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--work", type=Path, default=Path("/tmp/mibyan-llama"))
     parser.add_argument("--notes", type=int, default=60, help="prompt size, about 22 tokens a note")
+    parser.add_argument("--threads", type=int, default=2, help="llama-server -t")
     parser.add_argument("--build-only", action="store_true")
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
@@ -250,9 +279,14 @@ def main() -> None:
         print(build_server(args.work), model_file(args.work))
         return
     prompt = long_prompt(args.notes)
-    with serving(args.work) as server, tempfile.TemporaryDirectory() as tmp:
+    with serving(args.work, args.threads) as server, tempfile.TemporaryDirectory() as tmp:
         print(
             f"llama-server at {server.base_url}; agent.stream_stall_timeout: 4; prompt of {args.notes} notes"
+        )
+        gaps = server.token_gaps()
+        over = sum(gap > 4 for gap in gaps)
+        print(
+            f"{'gaps between tokens (no mibyan)':<34} max {max(gaps):.2f} s, {over} of {len(gaps)} over 4 s"
         )
         mibyan = Mibyan(server, Path(tmp))
         piped = mibyan.one_shot("one-shot into a pipe", prompt)
