@@ -226,14 +226,15 @@ class Mibyan:
 
     def one_shot(self, label: str, prompt: str, *extra: str) -> subprocess.CompletedProcess[str]:
         requests = len(self.server.lines("launch_slot_"))
+        timed = len(self.server.lines("prompt eval time"))
         began = time.monotonic()
         process = self.start(prompt, *extra)
         out, err = process.communicate(timeout=900)
         seconds = time.monotonic() - began
         made = len(self.server.lines("launch_slot_")) - requests
-        # The first call of the run reads the whole prompt; the later ones (the continuation of an answer
-        # cut at max_tokens, the session's title) mostly hit the server's prompt cache.
-        reading = self.server.lines("prompt eval time")[-made:][:1] or ["(no timing)"]
+        # The run's first finished call read the whole prompt (a cut call logs no timing); later ones (a
+        # continuation of an answer cut at max_tokens, the session's title) mostly hit the prompt cache.
+        reading = self.server.lines("prompt eval time")[timed:][:1] or ["(no timing)"]
         first = reading[0].split("prompt eval time =")[-1].split("(")[0].strip()
         print(
             f"{label:<34} exit {process.returncode}  {seconds:6.1f} s  requests {made}  prompt read: {first}"
