@@ -86,6 +86,7 @@ def call_interruptibly(
         TurnInterrupted: the signal was set before the work finished.
         ProviderError: reason "timeout" when `timeout` seconds passed first; reason "dropped_stream"
             when, once it flowed, the work was silent for `stall.seconds`.
+        Whatever `work()` raised.
     """
     outcome: _Outcome[T] = _Outcome()
 
