@@ -2,9 +2,9 @@
 
 Start-up shows the prompt first; the configuration, the SDK and the session load on a background thread
 while the person types (the first answer waits for them if needed), then a one-line banner names the
-model, the provider and the session. Ctrl-C stops a running answer (or cancels a question, as a refusal)
-and returns to the prompt with the session valid; a second Ctrl-C within 2 s (`MIBYAN_CTRL_C_WINDOW`
-seconds) leaves with code 130; Ctrl-D or /exit leaves with 0.
+model, the provider and the session. Ctrl-C stops a running answer and returns to the prompt with the
+session valid (at a question, it refuses and the turn goes on); a second Ctrl-C within 2 s
+(`MIBYAN_CTRL_C_WINDOW` seconds) leaves with code 130; Ctrl-D or /exit leaves with 0.
 """
 
 from __future__ import annotations
@@ -220,6 +220,8 @@ class Repl:
     # -- turns ----------------------------------------------------------------------------------------
 
     def _on_sigint(self, signum: int, frame: FrameType | None) -> None:
+        if self._renderer is not None and self._renderer.refuse_question():
+            return  # the question is answered as a refusal and the turn goes on (another ^C stops it)
         now = time.monotonic()
         if now - self._last_interrupt < self._double_press:
             raise KeyboardInterrupt

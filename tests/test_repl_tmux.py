@@ -141,26 +141,29 @@ def test_two_quick_ctrl_c_leave_the_chat_with_130(server: ScriptedServer, start_
     assert "EXIT=130" in chat.wait_for("EXIT=")
 
 
-def test_ctrl_c_at_an_approval_question_refuses_at_once_and_the_next_line_reaches_the_chat(
+def test_ctrl_c_at_an_approval_question_refuses_at_once_and_the_turn_goes_on(
     server: ScriptedServer, chat: Terminal, tmp_path: Path
 ) -> None:
     victim = tmp_path / "precious"
     victim.mkdir()
     server.add(
         Reply(tool_calls=[("terminal", {"command": f"rm -r {victim}"})]),
+        Reply(text="Understood, I left it alone."),
         Reply(text="Back with you."),
     )
     chat.wait_for("›")
     chat.send("clean up", "Enter")
     chat.wait_for("Run it? [o]nce")
     chat.send("C-c")
-    chat.wait_for("(interrupted)")
+    screen = chat.wait_for("Understood, I left it alone.")
+    assert victim.exists() and "(interrupted)" not in screen
+    [refusal] = [m["content"] for m in server.requests[1].body["messages"] if m["role"] == "tool"]
+    assert "denied" in refusal
     chat.wait_for("›", count=2)
     chat.send("still there?", "Enter")
     screen = chat.wait_for("Back with you.")
-    assert victim.exists()
     after = screen[screen.index("› still there?") :]
-    assert "terminal" not in after and "denied" not in after  # nothing of the question comes late
+    assert "terminal" not in after  # nothing of the question comes late
     messages = server.requests[-1].body["messages"]
     assert [m["content"] for m in messages if m["role"] == "user"] == ["clean up", "still there?"]
 
