@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mibyan.agent.adapters.base import ToolSchema, Usage
-from mibyan.agent.errors import ToolError
+from mibyan.agent.errors import ToolError, ToolFailed
 from mibyan.agent.hooks import Hooks
 from mibyan.agent.messages import INTERRUPTED_RESULT, tool_message
 from mibyan.agent.protocol import AgentBase
@@ -275,6 +275,8 @@ class ToolExecutorMixin(AgentBase):
             result = handler(args, turn) if handler is not None else run_tool(spec, args, task_id)
             result = self.tools.hooks.after_tool(plan.name, args, result, task_id)
             return cap_result(result, spec.max_result_chars), True
+        except ToolFailed as exc:  # what the tool ran was stopped: its output is the result, failed
+            return cap_result(str(exc), spec.max_result_chars), False
         except ToolError as exc:
             return f"error: {exc}", False
         except Exception as exc:  # the tool boundary: any failure becomes text for the model, never a crash
