@@ -262,7 +262,8 @@ class ToolExecutorMixin(AgentBase):
                 verdict = spec.dangerous(args)
                 subject = spec.subject(args) if spec.subject is not None else None
                 subject = subject or str(args.get("command") or json.dumps(args, ensure_ascii=False))
-                allowed, why = self.tools.approvals.decide(subject, verdict)
+                what = "the command" if plan.name == "terminal" else f"the {plan.name} call"
+                allowed, why = self.tools.approvals.decide(subject, verdict, what=what)
                 if why:  # a command that needed approval: the transcript shows who decided, and how
                     detail = {"call_id": plan.call_id, "tool": plan.name, "allowed": allowed, "why": why}
                     self.session.store.record_event(self.session.session_id, "approval", json.dumps(detail))
