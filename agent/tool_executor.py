@@ -340,6 +340,8 @@ class ToolExecutorMixin(AgentBase):
     def _execute_tool_calls(self, turn: TurnState, calls: list[dict[str, Any]]) -> Continue | Interrupted:
         """Run every call of a reply; append each result in the calls' order as soon as it is ready."""
         plans = [replace(self._plan(call), index=index) for index, call in enumerate(calls)]
+        # the failure note goes on a tool's last call of the batch: one place, whatever finishes first
+        last_of_tool = {plan.name: plan.index for plan in plans}
         results: dict[int, tuple[str, bool]] = {}
         running: dict[int, RunningCall[tuple[str, bool]]] = {}
         pending = list(range(len(plans)))
@@ -359,7 +361,9 @@ class ToolExecutorMixin(AgentBase):
                     continue
                 del running[index]
             while appended in results:
-                self._append_result(turn, plans[appended], *results[appended])
+                plan = plans[appended]
+                noted = last_of_tool[plan.name] == appended
+                self._append_result(turn, plan, *results[appended], noted=noted)
                 appended += 1
             if appended == len(plans):
                 return Continue()
@@ -400,12 +404,21 @@ class ToolExecutorMixin(AgentBase):
         return Interrupted()
 
     def _append_result(
-        self, turn: TurnState, plan: PlannedCall, result: str, ok: bool, *, count: bool = True
+        self,
+        turn: TurnState,
+        plan: PlannedCall,
+        result: str,
+        ok: bool,
+        *,
+        count: bool = True,
+        noted: bool = True,
     ) -> None:
+        """Append a call's result; `count` it towards its tool's failures in a row, and (`noted`) say so
+        in it once they reach max_tool_failures."""
         if count:
             failures = 0 if ok else turn.tool_failures.get(plan.name, 0) + 1
             turn.tool_failures[plan.name] = failures
-            if failures >= self.settings.agent.max_tool_failures:
+            if noted and failures >= self.settings.agent.max_tool_failures:
                 result += (
                     f"\n\n[{plan.name} has failed {failures} times in a row. Stop repeating the same call: "
                     "check the arguments against the tool's description, or take a different approach.]"
