@@ -385,3 +385,18 @@ def test_a_one_shot_answer_on_a_terminal_shows_its_escapes(server: ScriptedServe
     finally:
         terminal.close()
     assert "visible \\x1b[2J\\x1b]0;pwned\\x07 end" in screen
+
+
+def test_a_notice_written_while_the_chat_loads_goes_above_the_prompt(
+    start_chat: StartChat, tmp_path: Path
+) -> None:
+    (tmp_path / ".mibyan").mkdir()
+    (tmp_path / ".mibyan" / "config.yaml").write_text('hooks: {pre_tool_call: ["echo hi"]}\n')
+    chat = start_chat()
+    chat.wait_for("›")
+    chat.send("hel")  # typed while it loads
+    screen = chat.wait_for("/help for commands")
+    chat.wait_for("› hel")
+    [notice] = [line for line in screen.splitlines() if "mibyan: ignored in" in line]
+    assert notice.startswith("mibyan: ignored in ")  # on a line of its own, not over the prompt
+    assert screen.index(notice) < screen.index("mibyan ·") < screen.rindex("› hel")
