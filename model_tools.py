@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from mibyan.agent.adapters.base import ToolSchema
-from mibyan.agent.errors import ConfigError, ToolError
+from mibyan.agent.errors import ConfigError, ToolError, ToolFailed
 from mibyan.tools import builtin  # noqa: F401  (registers the built-in tools)
 from mibyan.tools.registry import ToolSpec, get_tool, select_tools
 
@@ -120,5 +120,7 @@ def handle_function_call(name: str, args: str | dict[str, Any] | None, task_id: 
             if verdict.tier != "safe":
                 raise ToolError(f"not run: {verdict.reason}; this needs the user's approval")
         return run_tool(spec, parsed, task_id)
+    except ToolFailed as exc:  # it ran but was stopped: the whole result, as it is
+        return str(exc)
     except ToolError as exc:
         return f"error: {exc}"

@@ -66,6 +66,11 @@ class ToolError(MibyanError):
     """A tool could not do what it was asked; the message goes back to the model as text."""
 
 
+class ToolFailed(ToolError):
+    """A tool ran but what it ran did not finish: its message is the whole result, given to the model
+    as it is (no "error:" before it) and counted and shown as a failed call."""
+
+
 class TurnInterrupted(MibyanError):
     """Control signal: the user (or a caller on another thread) interrupted the running turn."""
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mibyan.agent.adapters.base import ToolSchema, Usage
-from mibyan.agent.errors import ToolError
+from mibyan.agent.errors import ToolError, ToolFailed
 from mibyan.agent.hooks import Hooks
 from mibyan.agent.messages import INTERRUPTED_RESULT, tool_message
 from mibyan.agent.protocol import AgentBase
@@ -262,7 +262,8 @@ class ToolExecutorMixin(AgentBase):
                 verdict = spec.dangerous(args)
                 subject = spec.subject(args) if spec.subject is not None else None
                 subject = subject or str(args.get("command") or json.dumps(args, ensure_ascii=False))
-                allowed, why = self.tools.approvals.decide(subject, verdict)
+                what = "the command" if plan.name == "terminal" else f"the {plan.name} call"
+                allowed, why = self.tools.approvals.decide(subject, verdict, what=what)
                 if why:  # a command that needed approval: the transcript shows who decided, and how
                     detail = {"call_id": plan.call_id, "tool": plan.name, "allowed": allowed, "why": why}
                     self.session.store.record_event(self.session.session_id, "approval", json.dumps(detail))
@@ -275,6 +276,8 @@ class ToolExecutorMixin(AgentBase):
             result = handler(args, turn) if handler is not None else run_tool(spec, args, task_id)
             result = self.tools.hooks.after_tool(plan.name, args, result, task_id)
             return cap_result(result, spec.max_result_chars), True
+        except ToolFailed as exc:  # what the tool ran was stopped: its output is the result, failed
+            return cap_result(str(exc), spec.max_result_chars), False
         except ToolError as exc:
             return f"error: {exc}", False
         except Exception as exc:  # the tool boundary: any failure becomes text for the model, never a crash
@@ -337,6 +340,8 @@ class ToolExecutorMixin(AgentBase):
     def _execute_tool_calls(self, turn: TurnState, calls: list[dict[str, Any]]) -> Continue | Interrupted:
         """Run every call of a reply; append each result in the calls' order as soon as it is ready."""
         plans = [replace(self._plan(call), index=index) for index, call in enumerate(calls)]
+        # the failure note goes on a tool's last call of the batch: one place, whatever finishes first
+        last_of_tool = {plan.name: plan.index for plan in plans}
         results: dict[int, tuple[str, bool]] = {}
         running: dict[int, RunningCall[tuple[str, bool]]] = {}
         pending = list(range(len(plans)))
@@ -356,7 +361,9 @@ class ToolExecutorMixin(AgentBase):
                     continue
                 del running[index]
             while appended in results:
-                self._append_result(turn, plans[appended], *results[appended])
+                plan = plans[appended]
+                noted = last_of_tool[plan.name] == appended
+                self._append_result(turn, plan, *results[appended], noted=noted)
                 appended += 1
             if appended == len(plans):
                 return Continue()
@@ -397,12 +404,21 @@ class ToolExecutorMixin(AgentBase):
         return Interrupted()
 
     def _append_result(
-        self, turn: TurnState, plan: PlannedCall, result: str, ok: bool, *, count: bool = True
+        self,
+        turn: TurnState,
+        plan: PlannedCall,
+        result: str,
+        ok: bool,
+        *,
+        count: bool = True,
+        noted: bool = True,
     ) -> None:
+        """Append a call's result; `count` it towards its tool's failures in a row, and (`noted`) say so
+        in it once they reach max_tool_failures."""
         if count:
             failures = 0 if ok else turn.tool_failures.get(plan.name, 0) + 1
             turn.tool_failures[plan.name] = failures
-            if failures >= self.settings.agent.max_tool_failures:
+            if noted and failures >= self.settings.agent.max_tool_failures:
                 result += (
                     f"\n\n[{plan.name} has failed {failures} times in a row. Stop repeating the same call: "
                     "check the arguments against the tool's description, or take a different approach.]"

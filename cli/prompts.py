@@ -89,11 +89,12 @@ class TerminalQuestions:
             line += chunk
         return line
 
-    def cancel(self) -> None:
-        """End every question being asked now, as if the person had refused."""
+    def cancel(self) -> bool:
+        """End every question being asked now, as if the person had refused; whether one was."""
         with self._lock:
             for fd in self._wakers:
                 os.write(fd, b"x")
+            return bool(self._wakers)
 
     def callbacks(self) -> dict[str, Any]:
         """The approval and clarify callbacks, when a person is at a terminal to answer them."""

@@ -88,6 +88,10 @@ class Renderer:
             self._in_turn = True
             self._interrupted = False
 
+    def refuse_question(self) -> bool:
+        """Ctrl-C while a question is asked: refuse it, and the turn goes on; whether one was asked."""
+        return self.questions.cancel()
+
     def interrupt(self) -> None:
         """Ctrl-C: cancel any question at once, and stop drawing spinners before the notice prints."""
         self.questions.cancel()

@@ -2,9 +2,9 @@
 
 Start-up shows the prompt first; the configuration, the SDK and the session load on a background thread
 while the person types (the first answer waits for them if needed), then a one-line banner names the
-model, the provider and the session. Ctrl-C stops a running answer (or cancels a question, as a refusal)
-and returns to the prompt with the session valid; a second Ctrl-C within 2 s (`MIBYAN_CTRL_C_WINDOW`
-seconds) leaves with code 130; Ctrl-D or /exit leaves with 0.
+model, the provider and the session. Ctrl-C stops a running answer and returns to the prompt with the
+session valid (at a question, it refuses and the turn goes on); a second Ctrl-C within 2 s
+(`MIBYAN_CTRL_C_WINDOW` seconds) leaves with code 130; Ctrl-D or /exit leaves with 0.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import signal
 import sys
 import threading
 import time
+import warnings
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
@@ -86,6 +87,7 @@ class Repl:
         self._prompt_session: PromptSession[str] | None = None
         self._banner_lock = threading.Lock()
         self._banner_shown = False
+        self._notices: list[warnings.WarningMessage] = []  # said while loading, shown with the banner
         self.usage = {"input_tokens": 0, "output_tokens": 0, "cache_read_tokens": 0, "cache_write_tokens": 0}
 
     # -- the agent, loaded behind the prompt --------------------------------------------------------
@@ -99,8 +101,11 @@ class Repl:
         try:
             from mibyan.cli.render import Renderer
 
-            self._renderer = Renderer()
-            self._agent = self._build_agent(self._session_id, self.args.model)
+            # a notice written now (the project's untrusted config) would land over the prompt being
+            # drawn and leave a stray prompt above it: it waits for the banner, which goes above
+            with warnings.catch_warnings(record=True) as self._notices:
+                self._renderer = Renderer()
+                self._agent = self._build_agent(self._session_id, self.args.model)
             self._agent.tools.start_mcp()  # the person is typing: time the servers can use to start
         except BaseException as exc:  # reported on the main thread, as one line
             self._error = exc
@@ -131,10 +136,17 @@ class Repl:
             if self._banner_shown or not self.ready():
                 return
             self._banner_shown = True
+        self.show_notices()
         agent = self.agent
         runtime = agent.runtime
         where = f"{runtime.model} via {runtime.provider}"
         self.say(f"mibyan · {where} · session {agent.session_id} · /help for commands", style="dim")
+
+    def show_notices(self) -> None:
+        """The warnings recorded while loading, as they would have been shown then."""
+        notices, self._notices = self._notices, []
+        for notice in notices:
+            warnings.showwarning(notice.message, notice.category, notice.filename, notice.lineno)
 
     def _stop_prompt(self) -> None:
         """End the prompt the person is typing at, so a failed start-up is reported at once."""
@@ -228,6 +240,8 @@ class Repl:
     # -- turns ----------------------------------------------------------------------------------------
 
     def _on_sigint(self, signum: int, frame: FrameType | None) -> None:
+        if self._renderer is not None and self._renderer.refuse_question():
+            return  # the question is answered as a refusal and the turn goes on (another ^C stops it)
         now = time.monotonic()
         if now - self._last_interrupt < self._double_press:
             raise KeyboardInterrupt
@@ -286,6 +300,7 @@ class Repl:
                 text = session.prompt(PROMPT, pre_run=self.start_loading).strip()
             except EOFError:
                 if self._error is not None:
+                    self.show_notices()
                     raise self._error from None
                 return EXIT_OK
             except KeyboardInterrupt:

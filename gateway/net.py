@@ -11,13 +11,16 @@ from mibyan.agent.errors import MibyanError
 
 def is_loopback_host(host: str) -> bool:
     """Whether `host` (a name or an address, `[::1]` too, without a port) is reachable from this machine
-    only: 127.0.0.0/8, ::1, localhost."""
+    only: 127.0.0.0/8, ::1, localhost, and 127.0.0.0/8 written as IPv6 (`::ffff:127.0.0.1`)."""
     if host.lower() == "localhost":
         return True
     try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
+        address = ipaddress.ip_address(host.strip("[]"))
     except ValueError:
         return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped.is_loopback  # Python before 3.13 says no to these
+    return address.is_loopback
 
 
 def listen_on(

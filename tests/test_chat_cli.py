@@ -66,3 +66,20 @@ def test_undo_last_turn_forgets_it_in_the_store_too(
     finally:
         store.close()
     assert make_agent().undo_last_turn() is None
+
+
+def test_a_command_killed_by_a_signal_is_shown_failed_and_one_that_exits_non_zero_ok(
+    server: ScriptedServer, home: Path
+) -> None:
+    server.add(
+        Reply(tool_calls=[("terminal", {"command": "echo before; kill -KILL $$"})]),
+        Reply(tool_calls=[("terminal", {"command": "exit 3"})]),
+        Reply(text="Done."),
+    )
+    done = run_cli("chat", "-q", "go", "--base-url", server.base_url, home=home)
+    assert done.returncode == 0, done.stderr
+    killed, exited = (line for line in done.stderr.splitlines() if "⚙ terminal" in line)
+    assert "kill -KILL" in killed and "· failed ·" in killed
+    assert "exit 3" in exited and "· ok ·" in exited
+    results = [m["content"] for m in server.requests[-1].body["messages"] if m["role"] == "tool"]
+    assert results[0].startswith("before\n[exit code 137 ·") and results[1].startswith("[exit code 3 ·")

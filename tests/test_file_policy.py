@@ -125,7 +125,8 @@ def test_writing_outside_the_project_asks_and_shows_what_it_writes(
     )
     asked: list[tuple[str, str]] = []
     result = make_agent(approval_callback=answering("deny", asked)).run_conversation("edit")
-    assert notes.read_text() == "outside notes\n" and results(result)[0].startswith("denied by user")
+    assert notes.read_text() == "outside notes\n"
+    assert results(result)[0].startswith("denied by user: the write_file call was not run (writes ")
     subject = f"write_file {notes}\n  new\n  notes"
     assert asked == [(subject, f"writes {notes}, outside the working directory ({project})")]
 

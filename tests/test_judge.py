@@ -341,10 +341,15 @@ def test_a_gateway_agents_commands_name_their_files_plainly(tmp_path: Path) -> N
     token = context.bind(bound)
     try:
         verdicts = [judge(command, home=home, cwd=workspace) for command, _, _ in GATEWAY_AGENT]
+        other = judge(f"cat {home}/agents/b/workspace/x", home=home, cwd=workspace)
     finally:
         context.unbind(token)
     assert [(v.tier, v.key) for v in verdicts] == [(tier, key) for _, tier, key in GATEWAY_AGENT]
     assert "plainly" in verdicts[9].reason
+    assert other.reason == (
+        f"reads or changes {home}/agents/b/workspace/x, which is in mibyan's home ({home}) but not "
+        "this agent's: other agents' files and conversations"
+    )
     # at the user's own terminal a variable is fine, but no process's environment or key is read unasked
     commands = ["cat /proc/$PPID/environ", "cat /proc/*/envir?n", "cat ~/.ss?/id_*", "cat /proc/1/root/x"]
     cli = [judge(c, home=home, cwd=workspace) for c in [*commands, "ls $PWD ~/*", "grep -r KEY /"]]
@@ -379,6 +384,8 @@ def test_a_long_plain_script_is_still_judged_whole() -> None:
 def test_reasons_read_after_this_command() -> None:
     reason = classify_command("rm -r build").reason
     assert reason == "deletes a folder and everything in it (rm -r)"
+    listed = classify_command("cat list | xargs chmod 777").reason
+    assert listed.endswith("a file whose name is only known when it runs (what xargs reads)")
 
 
 @pytest.mark.parametrize(

@@ -141,26 +141,29 @@ def test_two_quick_ctrl_c_leave_the_chat_with_130(server: ScriptedServer, start_
     assert "EXIT=130" in chat.wait_for("EXIT=")
 
 
-def test_ctrl_c_at_an_approval_question_refuses_at_once_and_the_next_line_reaches_the_chat(
+def test_ctrl_c_at_an_approval_question_refuses_at_once_and_the_turn_goes_on(
     server: ScriptedServer, chat: Terminal, tmp_path: Path
 ) -> None:
     victim = tmp_path / "precious"
     victim.mkdir()
     server.add(
         Reply(tool_calls=[("terminal", {"command": f"rm -r {victim}"})]),
+        Reply(text="Understood, I left it alone."),
         Reply(text="Back with you."),
     )
     chat.wait_for("›")
     chat.send("clean up", "Enter")
     chat.wait_for("Run it? [o]nce")
     chat.send("C-c")
-    chat.wait_for("(interrupted)")
+    screen = chat.wait_for("Understood, I left it alone.")
+    assert victim.exists() and "(interrupted)" not in screen
+    [refusal] = [m["content"] for m in server.requests[1].body["messages"] if m["role"] == "tool"]
+    assert "denied" in refusal
     chat.wait_for("›", count=2)
     chat.send("still there?", "Enter")
     screen = chat.wait_for("Back with you.")
-    assert victim.exists()
     after = screen[screen.index("› still there?") :]
-    assert "terminal" not in after and "denied" not in after  # nothing of the question comes late
+    assert "terminal" not in after  # nothing of the question comes late
     messages = server.requests[-1].body["messages"]
     assert [m["content"] for m in messages if m["role"] == "user"] == ["clean up", "still there?"]
 
@@ -382,3 +385,18 @@ def test_a_one_shot_answer_on_a_terminal_shows_its_escapes(server: ScriptedServe
     finally:
         terminal.close()
     assert "visible \\x1b[2J\\x1b]0;pwned\\x07 end" in screen
+
+
+def test_a_notice_written_while_the_chat_loads_goes_above_the_prompt(
+    start_chat: StartChat, tmp_path: Path
+) -> None:
+    (tmp_path / ".mibyan").mkdir()
+    (tmp_path / ".mibyan" / "config.yaml").write_text('hooks: {pre_tool_call: ["echo hi"]}\n')
+    chat = start_chat()
+    chat.wait_for("›")
+    chat.send("hel")  # typed while it loads
+    screen = chat.wait_for("/help for commands")
+    chat.wait_for("› hel")
+    [notice] = [line for line in screen.splitlines() if "mibyan: ignored in" in line]
+    assert notice.startswith("mibyan: ignored in ")  # on a line of its own, not over the prompt
+    assert screen.index(notice) < screen.index("mibyan ·") < screen.rindex("› hel")

@@ -141,6 +141,16 @@ def test_repeated_failures_of_one_tool_bring_a_nudge(server: ScriptedServer, mak
     assert "has failed 3 times in a row" in results[2]
 
 
+def test_the_failure_nudge_goes_on_the_last_failing_call_of_a_batch_once(
+    server: ScriptedServer, make_agent
+) -> None:
+    calls = [("read_file", {"path": f"/no/such/file-{i}"}) for i in range(5)]
+    server.add(Reply(tool_calls=calls), Reply(text="giving up"))
+    results = tool_results(make_agent().run_conversation("read them"))
+    noted = [i for i, result in enumerate(results) if "times in a row" in result]
+    assert noted == [4] and "has failed 5 times in a row" in results[4]
+
+
 def running_with_arguments(*argv: str) -> list[int]:
     """Host pids of the processes whose command line is exactly `argv` (a sandbox's pids are its own)."""
     wanted = "\0".join(argv) + "\0"

@@ -62,7 +62,7 @@ def test_a_request_without_the_token_or_from_a_foreign_host_is_refused(
     # DNS rebinding: the page of another site, its name pointed at 127.0.0.1, sends its own Host
     for host in ("attacker.example:8765", "127.0.0.1.attacker.example", "127.0.0.1:80@attacker.example", ""):
         assert client.get("/", headers={"Host": host}).status_code == 403, host
-    for host in ("localhost:8765", "[::1]:8765", "127.0.0.2"):
+    for host in ("localhost:8765", "[::1]:8765", "127.0.0.2", "[::ffff:127.0.0.1]:8765"):
         assert client.get("/", headers={"Host": host}).status_code == 200, host
 
     # the token in the address becomes a cookie the page's script cannot read, and leaves the address
@@ -276,9 +276,12 @@ def test_stored_text_becomes_inert_html_whatever_it_holds(stored: str) -> None:
 def test_mibyan_web_refuses_an_address_other_machines_reach_and_a_home_without_sessions(
     tmp_path: Path,
 ) -> None:
-    outside = run_cli("web", "--host", "0.0.0.0", home=tmp_path)
-    assert outside.returncode == 2 and outside.stdout == ""
-    assert outside.stderr.count("\n") == 1 and "reachable from other machines" in outside.stderr
+    for host in ("0.0.0.0", "::ffff:10.0.0.1"):
+        outside = run_cli("web", "--host", host, home=tmp_path)
+        assert outside.returncode == 2 and outside.stdout == ""
+        assert outside.stderr.count("\n") == 1 and "reachable from other machines" in outside.stderr
+    mapped = run_cli("web", "--host", "::ffff:127.0.0.1", home=tmp_path)
+    assert mapped.returncode == 1 and mapped.stderr.startswith("mibyan: no sessions yet")  # host taken
     empty = run_cli("web", home=tmp_path)
     no_sessions = f"mibyan: no sessions yet ({tmp_path}/state.db): start one with 'mibyan chat'\n"
     assert (empty.returncode, empty.stderr) == (1, no_sessions)

@@ -149,8 +149,9 @@ class ApprovalPolicy:
         self._save_always = save_always
         self._lock = threading.Lock()
 
-    def decide(self, command: str, verdict: Verdict) -> tuple[bool, str]:
-        """(allowed, why). Hardline commands are never allowed."""
+    def decide(self, command: str, verdict: Verdict, *, what: str = "the command") -> tuple[bool, str]:
+        """(allowed, why). Hardline commands are never allowed; `what` names what was not run in a
+        refusal (a file tool's call is not a command)."""
         if verdict.tier == "hardline":
             return False, f"blocked: {verdict.reason}; mibyan never runs this"
         if verdict.tier == "safe":
@@ -163,7 +164,7 @@ class ApprovalPolicy:
             if covered(verdict.key, self._approved) and not verdict.ask_every_time:
                 return True, "approved earlier"
             if self._ask is None:
-                return False, f"refused: {self.unasked} — the command was not run ({verdict.reason})"
+                return False, f"refused: {self.unasked} — {what} was not run ({verdict.reason})"
             answer = self._ask_user(command, verdict.reason)
             if verdict.ask_every_time and answer != "deny":
                 return True, "approved by user (this once)"
@@ -177,7 +178,7 @@ class ApprovalPolicy:
             if context.stop_requested():  # the question was withdrawn, not answered: say so in the history
                 why = "the turn was stopped before the question was answered"
                 return False, f"not run: {why} ({verdict.reason})"
-            return False, f"denied by user: the command was not run ({verdict.reason})"
+            return False, f"denied by user: {what} was not run ({verdict.reason})"
         return True, f"approved by user ({answer})"
 
     def carry_over_from(self, other: ApprovalPolicy) -> None:

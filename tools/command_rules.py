@@ -274,7 +274,7 @@ def _xargs(j: Judge, name: str, args: list[Word], feed: Feed) -> Verdict:
     elif isinstance(feed, str):
         runs = [[*command, *(Word(w) for w in feed.split())]]
     else:
-        runs = [[*command, Word("{input}", dynamic=True)]]
+        runs = [[*command, Word("what xargs reads", dynamic=True)]]  # shown in the reason as it is
     verdict = combine(j.run(run, None) for run in runs)
     if command_name(command[0]) in _DELETERS and verdict.tier != "hardline":
         lists = Verdict(

@@ -85,5 +85,9 @@ def sealed_reason(
     target = _resolved(path, where)
     home_dir = _resolved(home, where)
     if _inside(target, home_dir) and not _inside(target, _resolved(agent_folder, where)):
-        return f"{target} belongs to mibyan's home ({home_dir}): other agents' files and conversations"
+        # read after a verb ("reads ...", "runs in ..."), so it is a noun phrase
+        return (
+            f"{target}, which is in mibyan's home ({home_dir}) but not this agent's: other agents' files "
+            "and conversations"
+        )
     return None

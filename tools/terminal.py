@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any, cast
 
-from mibyan.agent.errors import ToolError
+from mibyan.agent.errors import ToolError, ToolFailed
 from mibyan.tools import context
 from mibyan.tools.approval import Verdict, classify_command, outside_sandbox
 from mibyan.tools.git_guard import neutral_environment, repository_of
@@ -202,7 +202,12 @@ def terminal(
     note = sandbox.explain(text, process.returncode) if sandbox is not None and not outcome else None
     if note:
         status += "\n" + note
-    return f"{text}\n{status}" if text else status
+    result = f"{text}\n{status}" if text else status
+    # stopped (the timeout, a signal: bash reports its child's as 128 + N) or refused by the sandbox:
+    # a failed call, shown and counted as one, though the text is the same
+    if outcome or note or process.returncode < 0 or process.returncode > 128:
+        raise ToolFailed(result)
+    return result
 
 
 def _judge_again(command: str, workdir: str | None, outside_sandbox: bool) -> None:
