@@ -541,7 +541,9 @@ class SessionStore:
                 raise StoreError(f"no session {session_id!r}")
             db.execute(_INSERT_MESSAGE, _message_values(session_id, row[0], message, now))
             db.execute(
-                "UPDATE sessions SET message_count = message_count + 1, updated_at = ? WHERE id = ?",
+                "UPDATE sessions SET message_count = message_count + 1, updated_at = ?,"
+                + _GOES_ON
+                + " WHERE id = ?",
                 (now, session_id),
             )
 
@@ -558,7 +560,7 @@ class SessionStore:
                 _INSERT_MESSAGE, [_message_values(session_id, i, m, now) for i, m in enumerate(messages)]
             )
             db.execute(
-                "UPDATE sessions SET message_count = ?, updated_at = ? WHERE id = ?",
+                "UPDATE sessions SET message_count = ?, updated_at = ?," + _GOES_ON + " WHERE id = ?",
                 (len(messages), now, session_id),
             )
 
@@ -603,6 +605,14 @@ class SessionStore:
         sql += " ORDER BY rank LIMIT ?"
         params.append(limit)
         return [dict(r) for r in self._query(sql, tuple(params))]
+
+
+# A session that ended (a one-shot's) and is written to again (resumed) has not ended; a compressed one
+# stays ended: it went on in its child
+_GOES_ON = (
+    " ended_at = CASE WHEN end_reason = 'compressed' THEN ended_at END,"
+    " end_reason = CASE WHEN end_reason = 'compressed' THEN end_reason END"
+)
 
 
 class SessionSink:

@@ -160,6 +160,7 @@ def _one_shot(agent: AIAgent, prompt: str, args: argparse.Namespace, progress: P
     handler = _InterruptHandler(agent)
     signal.signal(signal.SIGINT, handler)
     result = agent.run_conversation(prompt)
+    agent.session.store.end_session(agent.session_id, result["exit_reason"])  # `--resume` reopens it
     progress.end_answer()
     if args.json:
         document = json.dumps(_json_result(result), ensure_ascii=False, indent=2)

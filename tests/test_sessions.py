@@ -262,6 +262,27 @@ def test_continue_picks_the_most_recent_chat_session_never_a_gateways(
     assert [m["content"] for m in server.requests[-1].body["messages"][1:]] == ["second", "two", "third"]
 
 
+def test_a_finished_one_shot_is_listed_ended_and_ends_again_when_resumed(
+    server: ScriptedServer, make_agent, home: Path
+) -> None:
+    server.add(Reply(text="one"), Reply(text="going on"), Reply(text="two"))
+    url = ["--base-url", server.base_url]
+
+    def listed() -> dict:
+        [row] = json.loads(run_cli("sessions", "list", "--json", home=home).stdout)
+        return row
+
+    assert run_cli("chat", "-q", "first", *url, home=home).returncode == 0
+    ended = listed()
+    assert ended["end_reason"] == "completed" and ended["ended_at"] >= ended["created_at"]
+    with make_agent(session_id=ended["id"]) as agent:  # going on in a chat that has not ended
+        agent.chat("more")
+    assert (listed()["ended_at"], listed()["end_reason"]) == (None, None)
+    assert run_cli("chat", "-c", "-q", "second", *url, home=home).returncode == 0
+    again = listed()
+    assert again["id"] == ended["id"] and again["ended_at"] > ended["ended_at"]
+
+
 def test_a_new_home_is_private_from_the_cli(server: ScriptedServer, tmp_path: Path) -> None:
     server.add(Reply(text="hi"))
     home = tmp_path / "brand" / "new-home"
