@@ -89,6 +89,12 @@ class Synapse:
             "trusted_key_servers": [],
             "suppress_key_server_warning": True,
             "bcrypt_rounds": 4,  # users are made and log in often here; their passwords guard nothing
+            # every gateway a test starts logs in from 127.0.0.1: the default (3 logins, then one per
+            # 6 s) would make the tests wait on each other; message limits stay the defaults
+            "rc_login": {
+                "address": {"per_second": 100, "burst_count": 1000},
+                "account": {"per_second": 100, "burst_count": 1000},
+            },
         }
         return json.dumps(lines)  # YAML is a superset of JSON
 

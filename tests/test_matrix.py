@@ -31,6 +31,7 @@ def synapse(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Synapse]:
 
 def _user(synapse: Synapse, name: str) -> Iterator[User]:
     user = User(synapse, name)
+    synapse.exempt(user.user_id)  # the people are not under test: their messages go through at once
     yield user
     user.close()
 
@@ -170,3 +171,168 @@ def test_one_message_one_reply_in_the_same_room_thread_and_session(
     carol_request = next(r for r in server.requests if "carol here" in user_texts(r.body))
     assert user_texts(carol_request.body) == ["carol here"]
     assert len(server.requests) == 5
+
+
+def restart(home: Path) -> RunningGateway:
+    return RunningGateway(home, env={"MIBYAN_MATRIX_PASSWORD": PASSWORD})
+
+
+def test_killed_mid_run_the_message_is_answered_exactly_once_after_restart(
+    home: Path, server: ScriptedServer, synapse: Synapse, alice: User
+) -> None:
+    bot = new_bot(synapse)
+    server.add(Reply(text="the first run never finishes", delay=60))
+    with start(home, server, synapse, bot) as first:
+        room = dm(alice, bot)
+        slow = alice.send(room, "slow one")
+        assert server.wait_for_requests(1)
+        first.kill()
+    with restart(home):
+        alice.send(room, "next")
+        got = replies(alice, room, bot, 2)
+    assert bodies(got) == ["echo 1: slow one", "echo 2: next"]
+    assert answered(got[0]) == slow
+
+
+def test_messages_sent_while_the_gateway_is_down_are_each_answered_once(
+    home: Path, server: ScriptedServer, synapse: Synapse, alice: User
+) -> None:
+    bot = new_bot(synapse)
+    with start(home, server, synapse, bot) as gateway:
+        room = dm(alice, bot)
+        gateway.terminate()
+    sent = [alice.send(room, f"missed {n}") for n in range(15)]  # more than one sync's timeline holds
+    with restart(home):
+        alice.send(room, "after")
+        got = replies(alice, room, bot, 16)
+    assert [answered(event) for event in got[:15]] == sent
+    assert bodies(got) == [f"echo {n + 1}: missed {n}" for n in range(15)] + ["echo 16: after"]
+
+
+def test_a_fresh_store_on_an_account_with_history_answers_none_of_it(
+    home: Path, tmp_path: Path, server: ScriptedServer, synapse: Synapse, alice: User
+) -> None:
+    bot = new_bot(synapse)
+    with start(home, server, synapse, bot) as gateway:
+        room = dm(alice, bot)
+        alice.send(room, "first")
+        replies(alice, room, bot, 1)
+        gateway.terminate()
+    alice.send(room, "old history")
+    fresh = tmp_path / "fresh-home"
+    fresh.mkdir()
+    with start(fresh, server, synapse, bot):
+        alice.send(room, "new")
+        got = replies(alice, room, bot, 2)
+    assert bodies(got) == ["echo 1: first", "echo 1: new"]
+    assert not any("old history" in text for r in server.requests for text in user_texts(r.body))
+
+
+def test_a_crash_between_sending_and_recording_it_sent_shows_no_duplicate(
+    home: Path, server: ScriptedServer, synapse: Synapse, alice: User
+) -> None:
+    import sqlite3
+
+    bot = new_bot(synapse)
+    server.add(Reply(text="part one\n" + "x" * 3995))  # two parts: both sent again, both recognised
+    with start(home, server, synapse, bot) as gateway:
+        room = dm(alice, bot)
+        alice.send(room, "hello")
+        replies(alice, room, bot, 2)
+        gateway.kill()
+    # the state such a crash leaves: the reply recorded, its sending not
+    with sqlite3.connect(home / "state.db") as db:
+        assert db.execute("UPDATE gateway_outbox SET status = 'pending', sent_at = NULL").rowcount == 1
+    with restart(home):
+        alice.send(room, "next")
+        got = replies(alice, room, bot, 3)
+    assert [body[:8] for body in bodies(got)] == ["part one", "x" * 8, "echo 2: "]
+
+
+def test_stop_interrupts_a_long_run(
+    home: Path, server: ScriptedServer, synapse: Synapse, alice: User
+) -> None:
+    bot = new_bot(synapse)
+    server.add(Reply(text="too late", delay=60))
+    with start(home, server, synapse, bot):
+        room = dm(alice, bot)
+        alice.send(room, "a long job")
+        assert server.wait_for_requests(1)
+        alice.send(room, "/stop")
+        assert server.wait_for_hangups(1)
+        got = replies(alice, room, bot, 2)
+        assert sorted(bodies(got)) == ["Stopped.", "Stopping the running turn."]
+        alice.send(room, "after")
+        assert bodies(replies(alice, room, bot, 3))[2].endswith(": after")
+    assert not any("too late" in body for body in bodies(alice.messages(room, bot)))
+
+
+def test_the_next_message_is_answered_after_the_homeserver_restarts(
+    home: Path, server: ScriptedServer, synapse: Synapse, alice: User
+) -> None:
+    bot = new_bot(synapse)
+    with start(home, server, synapse, bot):
+        room = dm(alice, bot)
+        alice.send(room, "before")
+        replies(alice, room, bot, 1)
+        synapse.restart()
+        alice.send(room, "after the restart")
+        got = replies(alice, room, bot, 2, timeout=30)
+    assert bodies(got) == ["echo 1: before", "echo 2: after the restart"]
+
+
+def _long_reply() -> str:
+    """About 20 kB of prose and code blocks, each block smaller than one part."""
+    sections = []
+    for n in range(16):
+        code = "\n".join(f"    value_{n}_{line} = compute({line})  # step {n}" for line in range(33))
+        sections.append(f"## Step {n}\n\nSome *prose* about step {n} & <its> code.\n\n```python\n{code}\n```")
+    return "\n\n".join(sections)
+
+
+def test_a_long_reply_arrives_complete_in_order_once_under_default_rate_limits(
+    home: Path, server: ScriptedServer, synapse: Synapse, alice: User
+) -> None:
+    bot = new_bot(synapse, exempt=False)  # Synapse's default: a burst of 10 messages, then one per 5 s
+    long = _long_reply()
+    assert len(long) > 20_000
+    server.add(*(Reply(text=f"short {n}") for n in range(5)), Reply(text=long))
+    with start(home, server, synapse, bot):
+        room = dm(alice, bot)
+        for n in range(6):
+            alice.send(room, f"message {n}")
+
+        def complete() -> list[str] | None:
+            parts = bodies(alice.messages(room, bot))[5:]
+            return parts if len("\n".join(parts)) >= len(long) else None  # parts are cut at newlines
+
+        found = wait_until(complete, 120)
+        assert found
+        assert bodies(alice.messages(room, bot))[:5] == [f"short {n}" for n in range(5)]
+    assert "\n".join(found) == long
+    assert all(len(part) <= 4000 and part.count("```") % 2 == 0 for part in found)
+    assert any("rate-limited" in line for line in (home / "logs" / "gateway.log").read_text().splitlines())
+
+
+def test_approve_from_the_asker_runs_the_command_and_from_anyone_else_it_does_not(
+    home: Path, server: ScriptedServer, synapse: Synapse, alice: User, carol: User
+) -> None:
+    bot = new_bot(synapse)
+    build = home / "agents" / "meepa" / "workspace" / "build"
+    build.mkdir(parents=True)
+    server.add(
+        Reply(tool_calls=[("terminal", {"command": "rm -rf build"})]), Reply(text="The build is gone.")
+    )
+    with start(home, server, synapse, bot, gateway={"approvals": "ask"}):
+        group = alice.room(bot, "@carol:localhost", name="work")
+        carol.join(group)
+        assert wait_until(lambda: joined(alice, group, bot))
+        alice.send(group, f"{bot}: clean the build folder", mention=bot)
+        [question] = replies(alice, group, bot, 1)
+        assert "rm -rf build" in question["content"]["body"] and build.exists()
+        carol.send(group, f"{bot}: /approve", mention=bot)
+        assert bodies(replies(alice, group, bot, 2))[1] == "Only @alice:localhost can answer that question."
+        assert build.exists()
+        alice.send(group, "/approve")  # answering the question asked of her needs no mention
+        assert bodies(replies(alice, group, bot, 3))[2] == "The build is gone."
+    assert not build.exists()

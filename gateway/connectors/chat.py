@@ -58,6 +58,7 @@ class ChatCore:
         self.allow = list(settings.allow or [])
         self._askers: dict[str, str] = {}  # channel key → the sender the pending question was asked
         self._tasks: set[asyncio.Task[object]] = set()
+        self._sending: dict[str, asyncio.Lock] = {}
 
     def allowed(self, sender: str) -> bool:
         return "*" in self.allow or sender in self.allow
@@ -98,7 +99,8 @@ class ChatCore:
             if approvals is None or approvals.pending(key) is None:
                 return "Nothing is waiting for an answer."
             if not self.answers_question(event):
-                return f"Only {self._askers[key]} can answer that question."
+                asker = self._askers.get(key, "the person I asked")
+                return f"Only {asker} can answer that question."
             return None  # the gateway's approval path answers it
         if word == "/new":
             ledger = self.gateway.ledger
@@ -163,11 +165,14 @@ class ChatCore:
             await asyncio.sleep(_TYPING_EVERY)
 
     async def _send_all(self, where: Destination, text: str, message_id: str, inbox_id: int | None) -> bool:
-        """Send every part in order; the ledger marks the reply sent once all are delivered."""
+        """Send every part in order, one reply at a time per conversation (a rate-limited reply is not
+        overtaken, nor its parts interleaved with the next one's); the ledger marks the reply sent once
+        all are delivered."""
         parts = split_reply(text, self.platform.limits.text_length)
-        for number, part in enumerate(parts):
-            if not await self._send_part(where, part, idempotency_key(message_id, number), number == 0):
-                return False
+        async with self._sending.setdefault(where.conversation, asyncio.Lock()):
+            for number, part in enumerate(parts):
+                if not await self._send_part(where, part, idempotency_key(message_id, number), number == 0):
+                    return False
         if inbox_id is not None:
             await self.gateway.delivered(inbox_id)
         return True

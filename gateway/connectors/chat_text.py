@@ -59,23 +59,23 @@ def split_reply(text: str, limit: int) -> list[str]:
     if len(text) <= limit:
         return [text]
     parts: list[str] = []
-    current = ""
+    current: str | None = None  # None: the part has nothing yet ("" is an empty line)
     for block in _blocks(text):
         joined = "\n".join(block)
         pieces = [joined] if len(joined) <= limit else None
         if pieces is None:
             pieces = _cut_fence(block, limit) if _FENCE.match(block[0]) else _cut_long_line(joined, limit)
         for piece in pieces:
-            candidate = f"{current}\n{piece}" if current else piece
+            candidate = piece if current is None else f"{current}\n{piece}"
             if len(candidate) <= limit:
                 current = candidate
                 continue
-            if current.strip():
+            if current is not None:
                 parts.append(current)
             current = piece
-    if current.strip():
+    if current is not None:
         parts.append(current)
-    return parts or [text[:limit]]
+    return parts
 
 
 _INLINE = [

@@ -8,6 +8,7 @@ after a restart under the same txn id is recognised only when it comes from the 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -164,10 +165,16 @@ async def log_in(api: HTTPAPI, settings: ConnectorSettings, files: ConnectorFile
         "password": secret,
         "initial_device_display_name": f"mibyan gateway ({settings.name})",
     }
-    try:
-        answer = await api.request(Method.POST, f"{CLIENT}/login", body, sensitive=True)
-    except MatrixRequestError as exc:
-        raise ConfigError(f"connector '{settings.name}': the homeserver refused the login: {exc}") from exc
+    while True:
+        try:
+            answer = await api.request(Method.POST, f"{CLIENT}/login", body, sensitive=True)
+            break
+        except RateLimited as limited:  # logins are rate-limited too: wait as long as the server says
+            log.warning("%s: login rate-limited, trying again in %.1f s", settings.name, limited.retry_after)
+            await asyncio.sleep(limited.retry_after)
+        except MatrixRequestError as exc:
+            refused = f"connector '{settings.name}': the homeserver refused the login: {exc}"
+            raise ConfigError(refused) from exc
     login = Login(str(answer["user_id"]), str(answer["device_id"]), str(answer["access_token"]))
     api.token = login.access_token
     files.save_login(settings.homeserver, login)
