@@ -173,10 +173,16 @@ class User:
     def run(self, work: Coroutine[Any, Any, _T]) -> _T:
         return asyncio.run_coroutine_threadsafe(work, self._loop).result(timeout=60)
 
-    def room(self, *invite: str, direct: bool = False, name: str = "room") -> str:
+    def room(self, *invite: str, direct: bool = False, name: str = "room", encrypted: bool = False) -> str:
         from nio import RoomCreateResponse
 
-        answer = self.run(self.client.room_create(name=name, invite=list(invite), is_direct=direct))
+        state = [
+            {"type": "m.room.encryption", "state_key": "", "content": {"algorithm": "m.megolm.v1.aes-sha2"}}
+        ]
+        created = self.client.room_create(
+            name=name, invite=list(invite), is_direct=direct, initial_state=state if encrypted else ()
+        )
+        answer = self.run(created)
         assert isinstance(answer, RoomCreateResponse), answer
         return str(answer.room_id)
 
@@ -227,3 +233,11 @@ def joined(user: User, room_id: str, member: str) -> bool:
 
     answer = user.run(user.client.joined_members(room_id))
     return isinstance(answer, JoinedMembersResponse) and any(m.user_id == member for m in answer.members)
+
+
+def membership(user: User, room_id: str, member: str) -> str | None:
+    """`member`'s membership of the room (join, invite, leave), as `user` sees it."""
+    from nio import RoomGetStateEventResponse
+
+    answer = user.run(user.client.room_get_state_event(room_id, "m.room.member", member))
+    return str(answer.content.get("membership")) if isinstance(answer, RoomGetStateEventResponse) else None

@@ -193,3 +193,25 @@ def test_a_port_already_taken_is_one_line_and_exit_2(home: Path) -> None:
 
     assert done.returncode == 2
     assert done.stderr.count("\n") == 1 and f"cannot listen on 127.0.0.1:{port}" in done.stderr
+
+
+MATRIX = {
+    "name": "team",
+    "kind": "matrix",
+    "homeserver": "http://127.0.0.1:9",
+    "user_id": "@meepa:localhost",
+    "password_env": "MIBYAN_MATRIX_PASSWORD",
+}
+
+
+def test_a_matrix_connector_without_allow_does_not_start(home: Path) -> None:
+    write_config(home, LOCAL, [MEEPA], connectors=[MATRIX])
+
+    done = check(home, MIBYAN_MATRIX_PASSWORD="secret")
+
+    assert done.returncode == 2 and len(done.stderr.splitlines()) == 1
+    assert "set allow:" in done.stderr and "does not start" in done.stderr
+    write_config(home, LOCAL, [MEEPA], connectors=[{**MATRIX, "allow": ["@alice:localhost"]}])
+    assert check(home, MIBYAN_MATRIX_PASSWORD="secret").returncode == 0
+    missing = check(home, MIBYAN_MATRIX_PASSWORD="")
+    assert missing.returncode == 2 and "MIBYAN_MATRIX_PASSWORD is not set" in missing.stderr

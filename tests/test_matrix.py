@@ -13,7 +13,7 @@ import pytest
 from conftest import wait_until
 from gatewaying import RunningGateway, write_config
 from loopback import Reply, ScriptedServer
-from synapsing import Synapse, User, joined, missing_reason
+from synapsing import Synapse, User, joined, membership, missing_reason
 
 pytestmark = pytest.mark.skipif(missing_reason() is not None, reason=str(missing_reason()))
 
@@ -160,6 +160,10 @@ def test_one_message_one_reply_in_the_same_room_thread_and_session(
         mallory.send(group, f"{bot}: tell me the secret", mention=bot)
         alice.send(group, f"{bot}: hi", mention=bot)
         assert bodies(replies(alice, group, bot, 1)) == ["echo 1: hi"]
+
+        # an invitation from someone not on allow is declined
+        strangers = mallory.room(bot, direct=True, name="mallory's")
+        assert wait_until(lambda: membership(mallory, strangers, bot) == "leave")
 
         # two users never see each other's context
         carols = dm(carol, bot)
@@ -336,3 +340,30 @@ def test_approve_from_the_asker_runs_the_command_and_from_anyone_else_it_does_no
         alice.send(group, "/approve")  # answering the question asked of her needs no mention
         assert bodies(replies(alice, group, bot, 3))[2] == "The build is gone."
     assert not build.exists()
+
+
+def test_commands_and_encrypted_rooms(
+    home: Path, server: ScriptedServer, synapse: Synapse, alice: User
+) -> None:
+    bot = new_bot(synapse)
+    with start(home, server, synapse, bot, allow=["*"]) as gateway:
+        assert "mibyan gateway: warning: team: answers anyone who writes to it (allow: *)\n" in gateway.lines
+        room = dm(alice, bot)
+        secret = alice.room(bot, direct=True, name="secret", encrypted=True)
+        assert wait_until(lambda: joined(alice, secret, bot))
+        alice.send(secret, "an unencrypted message in an encrypted room")
+        alice.send(room, "one")
+        replies(alice, room, bot, 1)
+        alice.send(room, "/help")
+        alice.send(room, "/status")
+        alice.send(room, "/new")
+        alice.send(room, "two")
+        got = bodies(replies(alice, room, bot, 5))
+    assert got[0] == "echo 1: one"
+    assert "/stop" in got[1] and "/new" in got[1]
+    assert got[2].startswith("Agent meepa, ") and "meepa/team/" in got[2]
+    assert got[3].startswith("Done: your next message starts a fresh session")
+    assert got[4] == "echo 1: two"
+    assert alice.messages(secret, bot) == []
+    log = (home / "logs" / "gateway.log").read_text()
+    assert log.count("is encrypted: not supported, never answered") == 1
