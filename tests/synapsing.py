@@ -241,3 +241,10 @@ def membership(user: User, room_id: str, member: str) -> str | None:
 
     answer = user.run(user.client.room_get_state_event(room_id, "m.room.member", member))
     return str(answer.content.get("membership")) if isinstance(answer, RoomGetStateEventResponse) else None
+
+
+def typing(user: User, room_id: str, member: str) -> bool:
+    """Whether `user`'s latest sync shows `member` typing in the room."""
+    user.run(user.client.sync(timeout=0))
+    room = user.client.rooms.get(room_id)
+    return room is not None and member in room.typing_users

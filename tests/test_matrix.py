@@ -13,7 +13,7 @@ import pytest
 from conftest import wait_until
 from gatewaying import RunningGateway, write_config
 from loopback import Reply, ScriptedServer
-from synapsing import Synapse, User, joined, membership, missing_reason
+from synapsing import Synapse, User, joined, membership, missing_reason, typing
 
 pytestmark = pytest.mark.skipif(missing_reason() is not None, reason=str(missing_reason()))
 
@@ -262,6 +262,7 @@ def test_stop_interrupts_a_long_run(
         room = dm(alice, bot)
         alice.send(room, "a long job")
         assert server.wait_for_requests(1)
+        assert wait_until(lambda: typing(alice, room, bot)), "no typing while the run works"
         alice.send(room, "/stop")
         assert server.wait_for_hangups(1)
         got = replies(alice, room, bot, 2)
