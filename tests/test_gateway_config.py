@@ -215,3 +215,15 @@ def test_a_matrix_connector_without_allow_does_not_start(home: Path) -> None:
     assert check(home, MIBYAN_MATRIX_PASSWORD="secret").returncode == 0
     missing = check(home, MIBYAN_MATRIX_PASSWORD="")
     assert missing.returncode == 2 and "MIBYAN_MATRIX_PASSWORD is not set" in missing.stderr
+
+
+def test_a_matrix_homeserver_that_cannot_be_reached_at_start_is_one_line_and_exit_2(home: Path) -> None:
+    write_config(home, LOCAL, [MEEPA], connectors=[{**MATRIX, "allow": ["@alice:localhost"]}])
+
+    done = run_cli("gateway", home=home, env={"MIBYAN_MATRIX_PASSWORD": "secret"})
+
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.splitlines()[-1].startswith(
+        "mibyan: connector 'team': cannot reach the homeserver http://127.0.0.1:9"
+    )
+    assert "Traceback" not in done.stderr

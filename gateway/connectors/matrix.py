@@ -20,6 +20,7 @@ from aiohttp import ClientError
 from mautrix.api import Method
 from mautrix.errors import MatrixConnectionError, MatrixRequestError
 
+from mibyan.agent.errors import ConfigError
 from mibyan.config.gateway import Connector as ConnectorSettings
 from mibyan.gateway.connectors.base import Destination, InboundEvent, Limits, SendResult, SendStatus
 from mibyan.gateway.connectors.chat import ChatCore
@@ -83,7 +84,12 @@ class MatrixConnector:
 
     async def start(self) -> None:
         """Log in (or reuse the kept login), catch up on what was missed, then sync in the background."""
-        self.login = await log_in(self.api, self.settings, self.files, self._secret)
+        try:
+            self.login = await log_in(self.api, self.settings, self.files, self._secret)
+        except _GONE as exc:
+            raise ConfigError(
+                f"connector '{self.name}': cannot reach the homeserver {self.url}: {exc}"
+            ) from exc
         self.user_id = self.login.user_id
         self._since, self._first_start = self.files.cursor()
         self._follow_resumed()
