@@ -43,13 +43,17 @@ def check_config(settings: AgentSettings, home: Path) -> None:
     """
     from mibyan.gateway.agents import AgentInstance
     from mibyan.gateway.connectors.http import read_token
+    from mibyan.gateway.connectors.matrix_setup import check_chat_connector
 
     if not settings.agents:
         raise ConfigError("agents: no agent is configured; add one under agents: (see README)")
     if not settings.connectors:
         raise ConfigError("connectors: no connector is configured; add one under connectors: (see README)")
     for connector in settings.connectors:
-        read_token(connector, os.environ)  # a server is never left open without a token
+        if connector.kind == "http":
+            read_token(connector, os.environ)  # a server is never left open without a token
+        else:
+            check_chat_connector(connector, os.environ)  # no `allow`: it does not start
     for entry in settings.agents:
         AgentInstance(entry, settings, home).check()  # an isolated agent where bwrap cannot run: exit 2
 
@@ -141,6 +145,9 @@ async def _serve(settings: AgentSettings, home: Path) -> int:
     for connector in connectors:
         await connector.start()
         _say(f"{connector.name} ({connector.kind}) on {connector.url}")
+        notice = getattr(connector, "notice", None)
+        if notice:
+            _say(f"warning: {connector.name}: {notice}")
     await _redeliver(gateway, connectors)
     _say("ready")
     log.info("ready: %s", ", ".join(f"{c.name} on {c.url}" for c in connectors))

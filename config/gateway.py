@@ -54,10 +54,14 @@ class GatewayAgent(_Section):
 
 
 class Connector(_Section):
-    """One connector: where messages arrive, and the agent that owns them (every agent when omitted)."""
+    """One connector: where messages arrive, and the agent that owns them (every agent when omitted).
+
+    `host`, `port` and `token_env` are the http kind's; `homeserver` to `groups` the matrix kind's
+    (checked when the connector is made: `gateway/connectors/matrix_setup.py`).
+    """
 
     name: str = Field(pattern=ID_PATTERN)
-    kind: Literal["http"]
+    kind: Literal["http", "matrix"]
     agent: str | None = None
     host: str = "127.0.0.1"
     port: int = Field(default=8642, ge=0, le=65535)
@@ -70,6 +74,12 @@ class Connector(_Section):
     header_timeout: float = Field(default=10, gt=0)
     body_timeout: float = Field(default=30, gt=0)
     max_connections: int = Field(default=200, gt=0)
+    homeserver: str | None = None
+    user_id: str | None = None
+    password_env: str | None = None
+    access_token_env: str | None = None
+    allow: list[str] | None = None
+    groups: Literal["mention", "all", "ignore"] = "mention"
 
 
 class GatewaySection(_Section):

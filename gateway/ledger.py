@@ -196,3 +196,15 @@ class Ledger:
             db.execute(
                 "UPDATE sessions SET channel = ? WHERE id = ? AND channel IS NULL", (channel, session_id)
             )
+
+    def entry(self, inbox_id: int) -> InboxEntry | None:
+        """One inbound message by its ledger id (a chat connector re-sending its reply needs its id)."""
+        rows = self.store.query("SELECT * FROM gateway_inbox WHERE id = ?", (inbox_id,))
+        return _entry(rows[0]) if rows else None
+
+    def end_channel_session(self, channel: str) -> int:
+        """In-chat /new: the channel's sessions stop being its sessions (they stay in the store, titled by
+        the channel), so its next message starts a fresh one; returns how many were let go."""
+        with self.store.transaction() as db:
+            cursor = db.execute("UPDATE sessions SET channel = NULL WHERE channel = ?", (channel,))
+        return int(cursor.rowcount)

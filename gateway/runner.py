@@ -231,6 +231,38 @@ class Gateway:
         """The connector has handed the reply over."""
         await self._ledger(lambda: self.ledger.mark_sent(inbox_id))
 
+    async def admit(self, message: Inbound) -> asyncio.Task[Outcome]:
+        """Record a chat message in the ledger, then queue it; returns once it is recorded.
+
+        A chat connector advances its platform cursor only after this returns, so a crash loses no
+        message; the task is the run's outcome (a repeat of the message id gets the first one's).
+        """
+        if not self._accepting:
+            raise ShuttingDown("the gateway is shutting down")
+        key = channel_key(message)
+        pending = self.approvals.pending(key) if self.approvals is not None else None
+        request = {"text": message.text, "history": None, "one_off": False, "approval_answer": bool(pending)}
+        await self._ledger(lambda: self.ledger.record_inbound(key, message.message_key, request))
+        return asyncio.create_task(self.submit(message))
+
+    def interrupt(self, channel: str) -> bool:
+        """Interrupt the run working on `channel` (in-chat /stop); False when none is."""
+        stopped = False
+        for agent in list(self._running):
+            if agent.session_scope == channel:
+                agent.interrupt()
+                stopped = True
+        return stopped
+
+    def queued(self, channel: str) -> int:
+        """How many of the channel's messages wait behind the running one."""
+        queue = self._channels.get(channel)
+        return len(queue.jobs) if queue is not None else 0
+
+    def waiting_on(self, inbox_id: int) -> asyncio.Future[Outcome] | None:
+        """The outcome of a message queued or running in this process (a resumed one, say)."""
+        return self._waiting.get(inbox_id)
+
     def _new_future(self) -> asyncio.Future[Outcome]:
         self._loop = asyncio.get_running_loop()
         future: asyncio.Future[Outcome] = self._loop.create_future()

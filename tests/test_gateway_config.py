@@ -207,3 +207,37 @@ def test_check_names_an_agent_whose_channels_share_its_memory(home: Path) -> Non
 
     assert done.returncode == 0
     assert done.stderr.splitlines()[1:] == ["mibyan gateway: meepa: memory is shared by all its channels"]
+
+
+MATRIX = {
+    "name": "team",
+    "kind": "matrix",
+    "homeserver": "http://127.0.0.1:9",
+    "user_id": "@meepa:localhost",
+    "password_env": "MIBYAN_MATRIX_PASSWORD",
+}
+
+
+def test_a_matrix_connector_without_allow_does_not_start(home: Path) -> None:
+    write_config(home, LOCAL, [MEEPA], connectors=[MATRIX])
+
+    done = check(home, MIBYAN_MATRIX_PASSWORD="secret")
+
+    assert done.returncode == 2 and len(done.stderr.splitlines()) == 1
+    assert "set allow:" in done.stderr and "does not start" in done.stderr
+    write_config(home, LOCAL, [MEEPA], connectors=[{**MATRIX, "allow": ["@alice:localhost"]}])
+    assert check(home, MIBYAN_MATRIX_PASSWORD="secret").returncode == 0
+    missing = check(home, MIBYAN_MATRIX_PASSWORD="")
+    assert missing.returncode == 2 and "MIBYAN_MATRIX_PASSWORD is not set" in missing.stderr
+
+
+def test_a_matrix_homeserver_that_cannot_be_reached_at_start_is_one_line_and_exit_2(home: Path) -> None:
+    write_config(home, LOCAL, [MEEPA], connectors=[{**MATRIX, "allow": ["@alice:localhost"]}])
+
+    done = run_cli("gateway", home=home, env={"MIBYAN_MATRIX_PASSWORD": "secret"})
+
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.splitlines()[-1].startswith(
+        "mibyan: connector 'team': cannot reach the homeserver http://127.0.0.1:9"
+    )
+    assert "Traceback" not in done.stderr

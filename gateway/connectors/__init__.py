@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from mibyan.agent.errors import ConfigError
 from mibyan.config.gateway import Connector as ConnectorSettings
 
 if TYPE_CHECKING:
@@ -21,4 +22,13 @@ def make_connector(settings: ConnectorSettings, gateway: Gateway) -> Connector:
         from mibyan.gateway.connectors.http import HttpConnector
 
         return HttpConnector(settings, gateway)
+    if settings.kind == "matrix":
+        try:
+            from mibyan.gateway.connectors.matrix import MatrixConnector
+        except ImportError as exc:  # mautrix is the `matrix` extra
+            raise ConfigError(
+                f"connector '{settings.name}': the matrix kind needs mautrix: pip install 'mibyan[matrix]'"
+            ) from exc
+
+        return MatrixConnector(settings, gateway)
     raise AssertionError(f"connector kind {settings.kind!r} has no module")

@@ -1,0 +1,20 @@
+"""What `mibyan gateway --check` asks of a chat connector, without importing its platform's library."""
+
+from __future__ import annotations
+
+import os
+
+from mibyan.agent.errors import ConfigError
+from mibyan.config.gateway import Connector as ConnectorSettings
+
+
+def check_chat_connector(settings: ConnectorSettings, env: dict[str, str] | os._Environ[str]) -> None:
+    """ConfigError (one line) when a chat connector lacks what it needs to start (`allow`, its secret)."""
+    if settings.kind == "matrix":
+        try:
+            from mibyan.gateway.connectors.matrix_api import check_matrix
+        except ImportError as exc:
+            raise ConfigError(
+                f"connector '{settings.name}': the matrix kind needs mautrix: pip install 'mibyan[matrix]'"
+            ) from exc
+        check_matrix(settings, env)
