@@ -15,7 +15,10 @@ from gatewaying import RunningGateway, write_config
 from loopback import Reply, ScriptedServer
 from synapsing import Synapse, User, joined, membership, missing_reason, typing
 
-pytestmark = pytest.mark.skipif(missing_reason() is not None, reason=str(missing_reason()))
+pytestmark = [
+    pytest.mark.chat_servers,
+    pytest.mark.skipif(missing_reason() is not None, reason=str(missing_reason())),
+]
 
 MEEPA = {"id": "meepa", "default": True, "provider": "local", "model": "meepa-model"}
 PASSWORD = "bot-password"

@@ -173,12 +173,10 @@ def test_a_public_page_redirecting_to_loopback_is_refused_before_loopback_is_rea
 
 
 def test_the_timeout_bounds_the_whole_fetch_of_a_page_that_drips(site: Site) -> None:
-    started = time.monotonic()
+    # each byte comes well within a read's timeout, so only a deadline over the whole fetch ends it
+    # (the page takes 10 s to arrive); the refusal names that deadline
     with pytest.raises(ToolError, match="no complete reply within 1 s"):
         fetch_page(f"http://127.0.0.1:{site.port}/drip", timeout=1, allow_private=True)
-    # a second of margin over the deadline; each read alone ends well within it, so before the
-    # timeout bounded the whole fetch this took 3 s
-    assert time.monotonic() - started < 2
 
 
 def test_redirects_stop_after_five_hops(site: Site) -> None:
