@@ -18,13 +18,14 @@ import secrets
 import socket
 import subprocess
 import threading
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
+
+from conftest import wait_until
 
 _T = TypeVar("_T")
 SYNAPSE_PYTHON = os.environ.get("MIBYAN_TEST_SYNAPSE", "/opt/synapse-venv/bin/python")
@@ -106,18 +107,19 @@ class Synapse:
             stderr=subprocess.STDOUT,
             cwd=self.folder,
         )
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                said = (self.folder / "synapse.out").read_text()[-3000:]
-                raise RuntimeError(f"Synapse exited at start:\n{said}")
-            try:
-                with urllib.request.urlopen(f"{self.url}/health", timeout=2) as answer:
-                    if answer.status == 200:
-                        return
-            except OSError:
-                time.sleep(0.05)
-        raise RuntimeError("Synapse did not answer /health within 60 s")
+        process = self.process
+        if not wait_until(lambda: process.poll() is not None or self._healthy(), timeout=60):
+            raise RuntimeError("Synapse did not answer /health within 60 s")
+        if process.poll() is not None:
+            said = (self.folder / "synapse.out").read_text()[-3000:]
+            raise RuntimeError(f"Synapse exited at start:\n{said}")
+
+    def _healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.url}/health", timeout=2) as answer:
+                return bool(answer.status == 200)
+        except OSError:
+            return False
 
     def kill(self) -> None:
         if self.process is not None and self.process.poll() is None:
