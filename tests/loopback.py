@@ -55,6 +55,17 @@ class Reply:
     stall: float = 0.0
 
 
+def held_until(release: threading.Event, text: str) -> Callable[[dict[str, Any]], Reply]:
+    """A server's default reply that answers `text` only once the test sets `release` (a run held in
+    flight while the test looks at it from outside)."""
+
+    def reply(body: dict[str, Any]) -> Reply:
+        release.wait(30)
+        return Reply(text=text)
+
+    return reply
+
+
 @dataclass
 class Seen:
     body: dict[str, Any]

@@ -20,7 +20,7 @@ import pytest
 import yaml
 from conftest import run_cli, wait_until
 from gatewaying import TOKEN, RunningGateway, write_config
-from loopback import Reply, ScriptedServer
+from loopback import Reply, ScriptedServer, held_until
 
 from agent_state import SessionStore
 from mibyan.agent.messages import repair_history
@@ -270,11 +270,7 @@ def test_max_concurrent_caps_the_runs_in_flight(server: ScriptedServer, home: Pa
     write_config(home, {"local": server.base_url}, [MEEPA], gateway={"max_concurrent": 2})
     release = threading.Event()
 
-    def reply(body: dict[str, Any]) -> Reply:
-        release.wait(30)
-        return Reply(text="ok")
-
-    server.default = reply
+    server.default = held_until(release, "ok")
     with RunningGateway(home) as gateway, ThreadPoolExecutor(5) as pool:
         answers = [pool.submit(ask, gateway, "hi", channel=f"c{n}") for n in range(5)]
         assert wait_until(lambda: recorded_messages(home) == 5)
@@ -537,11 +533,7 @@ def test_a_reply_the_client_hung_up_on_is_not_marked_sent_and_its_retry_collects
     write_config(home, {"local": server.base_url}, [MEEPA])
     hung_up = threading.Event()
 
-    def reply(body: dict[str, Any]) -> Reply:
-        hung_up.wait(30)
-        return Reply(text="kept for you")
-
-    server.default = reply
+    server.default = held_until(hung_up, "kept for you")
     gateway = RunningGateway(home)
     address = urllib.parse.urlsplit(gateway.url)
     connection = http.client.HTTPConnection(address.hostname, address.port, timeout=30)

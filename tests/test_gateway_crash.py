@@ -13,7 +13,7 @@ import openai
 import pytest
 from conftest import run_cli, wait_until
 from gatewaying import RunningGateway, write_config
-from loopback import Reply, ScriptedServer
+from loopback import Reply, ScriptedServer, held_until
 
 from agent_state import SessionStore
 from mibyan.agent.messages import INTERRUPTED_RESULT
@@ -127,11 +127,7 @@ def test_a_chat_cannot_resume_a_session_a_gateway_is_running(server: ScriptedSer
     write_config(home, {"local": server.base_url}, [MEEPA])
     go_on = threading.Event()
 
-    def held(body: dict[str, Any]) -> Reply:
-        go_on.wait(30)
-        return Reply(text="answered")
-
-    server.default = held
+    server.default = held_until(go_on, "answered")
     said = [{"role": "user", "content": "my diagnosis is private"}]
     with RunningGateway(home) as gateway, ThreadPoolExecutor(1) as pool:
         running = pool.submit(ask, gateway, said, **{"X-Mibyan-Channel": "quinn"})
