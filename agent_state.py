@@ -21,10 +21,10 @@ from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
-from mibyan.agent.errors import MibyanError
-from mibyan.agent.redact import mask_secrets
 from mibyan.agent.store_schema import APPLIED_TABLE, MIGRATIONS, NUMBERED, Migration
 from mibyan.config.paths import private_dir
+from mibyan.core.errors import MibyanError
+from mibyan.core.redact import mask_secrets
 
 Message = dict[str, Any]
 __all__ = ["SessionSink", "SessionStore", "StoreError", "mask_secrets", "title_from"]

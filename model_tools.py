@@ -11,10 +11,10 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
-from mibyan.agent.adapters.base import ToolSchema
-from mibyan.agent.errors import ConfigError, ToolError, ToolFailed
+from mibyan.core.errors import ConfigError, ToolError, ToolFailed
 from mibyan.tools import builtin  # noqa: F401  (registers the built-in tools)
 from mibyan.tools.registry import ToolSpec, get_tool, select_tools
+from mibyan.tools.schema import ToolSchema
 
 log = logging.getLogger("mibyan.tools")
 

@@ -6,7 +6,6 @@ import copy
 import os
 from typing import TYPE_CHECKING, Any
 
-from mibyan.agent.adapters.base import ToolSchema
 from mibyan.agent.agent_init import init_agent
 from mibyan.agent.conversation_loop import ConversationLoopMixin
 from mibyan.agent.lifecycle import LifecycleMixin
@@ -18,6 +17,7 @@ from mibyan.agent.turn_iteration_prep import IterationPrepMixin
 from mibyan.agent.turn_overflow import OverflowMixin
 from mibyan.agent.turn_recovery import RecoveryMixin
 from mibyan.agent.turn_truncation import TruncationMixin
+from mibyan.tools.schema import ToolSchema
 
 if TYPE_CHECKING:
     import httpx2

@@ -10,7 +10,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mibyan.agent.errors import ConfigError
 from mibyan.agent.providers import (
     ProviderHealth,
     ProviderRuntime,
@@ -22,6 +21,7 @@ from mibyan.agent.providers import (
 from mibyan.agent.session import new_session_id
 from mibyan.config.loader import AgentSettings, load_settings, mibyan_home
 from mibyan.config.paths import write_private
+from mibyan.core.errors import ConfigError
 
 if TYPE_CHECKING:
     from mibyan.agent.memory import MemoryStore
@@ -109,11 +109,11 @@ def init_agent(
     from mibyan.agent.callbacks import Callbacks
     from mibyan.agent.context_engine import load_engine
     from mibyan.agent.hooks import Hooks
-    from mibyan.agent.interruptible import InterruptSignal
     from mibyan.agent.memory import MemoryStore
     from mibyan.agent.prompt_builder import PromptState
     from mibyan.agent.tokens import TokenEstimator
     from mibyan.agent.tool_executor import ToolRuntime
+    from mibyan.core.interruptible import InterruptSignal
     from mibyan.tools.approval import ApprovalPolicy
     from model_tools import check_tool_selection, get_tool_definitions
 

@@ -12,10 +12,10 @@ import os
 from typing import Any
 
 from mibyan.agent.adapters.base import CallHandle, NormalizedResponse, WireRequest
-from mibyan.agent.errors import ConfigError, ProviderError
 from mibyan.agent.messages import user_message
 from mibyan.agent.providers import ProviderRuntime, adapter_for, build_client, resolve_runtime
 from mibyan.config.loader import AgentSettings
+from mibyan.core.errors import ConfigError, ProviderError
 
 log = logging.getLogger("mibyan.auxiliary")
 

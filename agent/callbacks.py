@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 
-from mibyan.agent.interruptible import InterruptSignal
+from mibyan.core.interruptible import InterruptSignal
 
 log = logging.getLogger("mibyan.callbacks")
 

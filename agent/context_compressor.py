@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import re
 
-from mibyan.agent.adapters.base import ToolSchema
 from mibyan.agent.context_engine import CompressionResult, ContextEngine
 from mibyan.agent.messages import Message, assistant_message, shorten_message, user_message
+from mibyan.tools.schema import ToolSchema
 
 _PRUNE_ABOVE = 600  # characters: tool outputs longer than this are pruned first
 _RESULT_IN_PROMPT = 1500

@@ -11,11 +11,11 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from mibyan.agent.adapters.base import ToolSchema
 from mibyan.agent.hooks import import_callable
 from mibyan.agent.messages import Message
 from mibyan.agent.tokens import TokenEstimator
 from mibyan.config.loader import AgentSettings
+from mibyan.tools.schema import ToolSchema
 
 Summarize = Callable[[str, str], str]
 
@@ -98,7 +98,7 @@ def load_engine(
     engine_class = import_callable(settings.compression.engine)
     engine = engine_class(settings, window, estimator, summarize)
     if not isinstance(engine, ContextEngine):
-        from mibyan.agent.errors import ConfigError
+        from mibyan.core.errors import ConfigError
 
         raise ConfigError(f"compression.engine: {settings.compression.engine} is not a ContextEngine")
     return engine

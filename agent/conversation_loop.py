@@ -9,7 +9,6 @@ from typing import Any, assert_never
 
 from mibyan.agent.adapters.base import NormalizedResponse
 from mibyan.agent.budget import IterationBudget
-from mibyan.agent.errors import AgentBusyError
 from mibyan.agent.messages import (
     InvalidMessage,
     Message,
@@ -29,6 +28,7 @@ from mibyan.agent.turn_state import (
     PreparedRequest,
     TurnState,
 )
+from mibyan.core.errors import AgentBusyError
 
 _SUMMARY_REQUEST = (
     "[You have used all {limit} model calls this task may make, so no more tools can run. "

@@ -13,8 +13,8 @@ import logging
 from collections.abc import Callable
 from typing import Any, Literal
 
-from mibyan.agent.errors import ConfigError
 from mibyan.config.loader import HooksSection
+from mibyan.core.errors import ConfigError
 
 log = logging.getLogger("mibyan.hooks")
 

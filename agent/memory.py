@@ -15,8 +15,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from agent_state import mask_secrets
-from mibyan.agent.errors import ToolError
 from mibyan.config.paths import private_dir
+from mibyan.core.errors import ToolError
 
 LIMITS = {"memory": 2200, "user": 1375}
 FILES = {"memory": "MEMORY.md", "user": "USER.md"}

@@ -20,7 +20,7 @@ import re
 from collections import deque
 from typing import Any, Protocol
 
-from mibyan.agent.errors import MibyanError
+from mibyan.core.errors import MibyanError
 
 Message = dict[str, Any]
 

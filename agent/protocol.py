@@ -25,8 +25,6 @@ if TYPE_CHECKING:
     from mibyan.agent.adapters.base import NormalizedResponse
     from mibyan.agent.callbacks import Callbacks
     from mibyan.agent.context_engine import ContextEngine
-    from mibyan.agent.errors import ProviderError
-    from mibyan.agent.interruptible import InterruptSignal
     from mibyan.agent.memory import MemoryStore
     from mibyan.agent.messages import Message
     from mibyan.agent.prompt_builder import PromptState
@@ -44,6 +42,8 @@ if TYPE_CHECKING:
         TurnState,
     )
     from mibyan.config.loader import AgentSettings
+    from mibyan.core.errors import ProviderError
+    from mibyan.core.interruptible import InterruptSignal
     from mibyan.tools.context import FileAccess
     from mibyan.tools.sandbox import Sandbox
 

@@ -15,14 +15,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
-from mibyan.agent.errors import ConfigError
 from mibyan.config.loader import API_MODES, AgentSettings, ProviderSettings, check_base_url, mibyan_home
+from mibyan.core.errors import ConfigError
 
 if TYPE_CHECKING:
     import httpx2
 
     from mibyan.agent.adapters.base import Adapter
-    from mibyan.agent.http_transport import AbortableTransport
+    from mibyan.core.http_transport import AbortableTransport
 
 _LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1", "0.0.0.0"})
 
@@ -136,7 +136,7 @@ def build_client(runtime: ProviderRuntime, settings: AgentSettings, transport: A
 
     `transport` (an AbortableTransport) lets the caller cut the client's connections from another thread.
     """
-    from mibyan.agent.http_transport import AbortableTransport
+    from mibyan.core.http_transport import AbortableTransport
 
     timeout = settings.agent.api_timeout
     transport = transport or AbortableTransport()
@@ -225,7 +225,7 @@ class ProviderState:
     def sdk_client(self, settings: AgentSettings) -> tuple[Any, AbortableTransport]:
         """The SDK client for the current runtime, and the transport that can cut its connections."""
         if self.client is None:
-            from mibyan.agent.http_transport import AbortableTransport
+            from mibyan.core.http_transport import AbortableTransport
 
             transport = AbortableTransport(self.http_transport)
             self.client = (build_client(self.runtime, settings, transport), transport)

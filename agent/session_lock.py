@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from agent_state import SessionStore
-from mibyan.agent.errors import MibyanError
 from mibyan.config.paths import private_dir
+from mibyan.core.errors import MibyanError
 
 if TYPE_CHECKING:
     from run_agent import AIAgent

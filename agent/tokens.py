@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from mibyan.agent.adapters.base import ToolSchema
 from mibyan.agent.messages import Message
+from mibyan.tools.schema import ToolSchema
 
 _CHARS_PER_TOKEN = 4.0
 _MESSAGE_OVERHEAD = 4

@@ -24,17 +24,18 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mibyan.agent.adapters.base import ToolSchema, Usage
-from mibyan.agent.errors import ToolError, ToolFailed
+from mibyan.agent.adapters.base import Usage
 from mibyan.agent.hooks import Hooks
 from mibyan.agent.messages import INTERRUPTED_RESULT, tool_message
 from mibyan.agent.protocol import AgentBase
 from mibyan.agent.tool_threads import RunningCall, start_call
 from mibyan.agent.turn_state import Continue, Interrupted, TurnState
+from mibyan.core.errors import ToolError, ToolFailed
 from mibyan.tools import context
 from mibyan.tools.approval import ApprovalPolicy
 from mibyan.tools.memory_tools import apply_memory, list_skills, view_skill
 from mibyan.tools.registry import ToolSpec, get_tool
+from mibyan.tools.schema import ToolSchema
 from mibyan.tools.session_tools import search_sessions
 from mibyan.tools.todo import apply_todo
 from model_tools import check_arguments, parse_arguments, run_tool

@@ -7,12 +7,12 @@ from typing import TYPE_CHECKING, Any
 
 from mibyan.agent.adapters.base import CallHandle, NormalizedResponse, WireRequest
 from mibyan.agent.callbacks import StreamRelay
-from mibyan.agent.http_transport import AbortableTransport
-from mibyan.agent.interruptible import StallLimit, call_interruptibly
 from mibyan.agent.prompt_caching import append_ephemeral_notes, apply_prompt_caching
 from mibyan.agent.protocol import AgentBase
 from mibyan.agent.text_tool_calls import tool_calls_in_text
 from mibyan.agent.turn_state import PreparedRequest, TurnState
+from mibyan.core.http_transport import AbortableTransport
+from mibyan.core.interruptible import StallLimit, call_interruptibly
 
 if TYPE_CHECKING:
     pass

@@ -15,7 +15,12 @@ from urllib.parse import urlparse
 
 from mibyan.agent.adapters.base import NormalizedResponse
 from mibyan.agent.callbacks import ShownText
-from mibyan.agent.errors import (
+from mibyan.agent.messages import Message
+from mibyan.agent.protocol import AgentBase
+from mibyan.agent.providers import ProviderRuntime, read_api_key, resolve_runtime
+from mibyan.agent.turn_state import Failed, Interrupted, PreparedRequest, TurnState
+from mibyan.config.loader import load_settings
+from mibyan.core.errors import (
     RETRYABLE_REASONS,
     ConfigError,
     MibyanError,
@@ -23,11 +28,6 @@ from mibyan.agent.errors import (
     ProviderErrorReason,
     TurnInterrupted,
 )
-from mibyan.agent.messages import Message
-from mibyan.agent.protocol import AgentBase
-from mibyan.agent.providers import ProviderRuntime, read_api_key, resolve_runtime
-from mibyan.agent.turn_state import Failed, Interrupted, PreparedRequest, TurnState
-from mibyan.config.loader import load_settings
 
 log = logging.getLogger("mibyan.api")
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from mibyan.agent.errors import ProviderError
 from mibyan.agent.messages import repair_history
 from mibyan.agent.protocol import AgentBase
 from mibyan.agent.turn_state import TurnState
+from mibyan.core.errors import ProviderError
 
 _OVERFLOW_RECOVERIES = 3
 _NOTHING_FITS = (

@@ -8,9 +8,9 @@ so the loop can fail over instead of looping on a stalled model.
 from __future__ import annotations
 
 from mibyan.agent.adapters.base import NormalizedResponse
-from mibyan.agent.errors import ProviderError
 from mibyan.agent.protocol import AgentBase
 from mibyan.agent.turn_state import Continue, Failed, TurnState
+from mibyan.core.errors import ProviderError
 
 MAX_EMPTY_REPLIES = 3
 

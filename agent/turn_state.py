@@ -6,12 +6,13 @@ import threading
 from dataclasses import dataclass, field
 from typing import Literal
 
-from mibyan.agent.adapters.base import ToolSchema, Usage
+from mibyan.agent.adapters.base import Usage
 from mibyan.agent.budget import IterationBudget
 from mibyan.agent.callbacks import ShownText
-from mibyan.agent.errors import MibyanError
 from mibyan.agent.messages import History, Message
 from mibyan.agent.session import SessionHandle
+from mibyan.core.errors import MibyanError
+from mibyan.tools.schema import ToolSchema
 
 ExitReason = Literal["completed", "budget_exhausted", "interrupted", "error"]
 

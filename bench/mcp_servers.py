@@ -64,8 +64,8 @@ def first_request_ms(server: ScriptedServer, home: Path, runs: int) -> tuple[lis
 
 
 def mibyan_calls(home: Path) -> list[float]:
-    from mibyan.agent.interruptible import InterruptSignal
     from mibyan.config.mcp import McpServerSettings
+    from mibyan.core.interruptible import InterruptSignal
     from mibyan.tools import context
     from mibyan.tools.mcp_connections import McpConnections
     from mibyan.tools.mcp_tools import McpToolset

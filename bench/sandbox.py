@@ -11,8 +11,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.figures import show  # noqa: E402
-from mibyan.agent.errors import ConfigError  # noqa: E402
-from mibyan.agent.interruptible import InterruptSignal  # noqa: E402
+from mibyan.core.errors import ConfigError  # noqa: E402
+from mibyan.core.interruptible import InterruptSignal  # noqa: E402
 from mibyan.tools import context  # noqa: E402
 from mibyan.tools.sandbox import Sandbox  # noqa: E402
 from mibyan.tools.terminal import terminal  # noqa: E402

@@ -76,7 +76,7 @@ def serving(store: SessionStore) -> Iterator[int]:
     """The viewer on a loopback port, as `mibyan web` runs it, in a thread; yields the port."""
     import uvicorn
 
-    from mibyan.gateway.net import listen_on
+    from mibyan.core.net import listen_on
     from mibyan.web.app import create_app
 
     listener = listen_on("127.0.0.1", 0)

@@ -15,7 +15,7 @@ import signal
 import sys
 from typing import cast
 
-from mibyan.cli.exit_codes import EXIT_ERROR, EXIT_OK, EXIT_USAGE
+from mibyan.core.exit_codes import EXIT_ERROR, EXIT_OK, EXIT_USAGE
 
 
 def _check_configuration(args: argparse.Namespace) -> None:
@@ -42,11 +42,11 @@ def run_acp(args: argparse.Namespace) -> int:
     from mibyan.editors.stdio import reserve_stdout
 
     protocol_fd = reserve_stdout()
-    from mibyan.agent.errors import ConfigError, MibyanError
     from mibyan.cli.chat import toolsets_of
     from mibyan.cli.logs import setup_logging
-    from mibyan.cli.sanitize import visible
     from mibyan.config.paths import mibyan_home, prepare_home
+    from mibyan.core.errors import ConfigError, MibyanError
+    from mibyan.core.sanitize import visible
 
     try:
         args.toolsets = toolsets_of(args)

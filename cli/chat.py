@@ -10,10 +10,10 @@ import sys
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from mibyan.cli.exit_codes import EXIT_BUDGET, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 from mibyan.cli.progress import Progress
 from mibyan.cli.prompts import prompt_callbacks
-from mibyan.cli.sanitize import for_stream, visible, visible_json
+from mibyan.core.exit_codes import EXIT_BUDGET, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
+from mibyan.core.sanitize import for_stream, visible, visible_json
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -200,7 +200,7 @@ def _json_result(result: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_chat(args: argparse.Namespace) -> int:
-    from mibyan.agent.errors import MibyanError
+    from mibyan.core.errors import MibyanError
 
     prompt = None
     if args.query is None and not sys.stdin.isatty():  # a chat needs a terminal: piped text is the prompt

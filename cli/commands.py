@@ -82,7 +82,7 @@ def _resume(repl: Repl, argument: str) -> None:
 
 @command("sessions", "/sessions", "recent sessions")
 def _sessions(repl: Repl, argument: str) -> None:
-    from mibyan.cli.sessions import age
+    from mibyan.core.session_text import age
 
     for row in repl.agent.store.list_sessions(15):
         mark = "*" if row["id"] == repl.agent.session_id else " "

@@ -17,10 +17,10 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from mibyan.agent.errors import ConfigError
-from mibyan.cli.exit_codes import EXIT_ERROR, EXIT_OK, EXIT_USAGE
 from mibyan.config.loader import AgentSettings, load_settings, mibyan_home
 from mibyan.config.paths import HomeError
+from mibyan.core.errors import ConfigError
+from mibyan.core.exit_codes import EXIT_ERROR, EXIT_OK, EXIT_USAGE
 
 if TYPE_CHECKING:
     from mibyan.gateway.connectors.base import Connector

@@ -13,8 +13,8 @@ import warnings
 from collections.abc import Sequence
 from typing import Any, NoReturn, TextIO
 
-from mibyan.cli.exit_codes import EXIT_ERROR, EXIT_OK, EXIT_USAGE
 from mibyan.config.api_modes import API_MODES
+from mibyan.core.exit_codes import EXIT_ERROR, EXIT_OK, EXIT_USAGE
 
 
 class _VersionAction(argparse.Action):

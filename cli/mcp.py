@@ -11,8 +11,8 @@ import re
 import sys
 from typing import TYPE_CHECKING
 
-from mibyan.cli.exit_codes import EXIT_OK, EXIT_USAGE
-from mibyan.cli.sanitize import visible
+from mibyan.core.exit_codes import EXIT_OK, EXIT_USAGE
+from mibyan.core.sanitize import visible
 
 if TYPE_CHECKING:
     from mibyan.tools.mcp_connections import McpConnections, ServerState
@@ -71,10 +71,10 @@ def describe(connections: McpConnections, offered: set[str] | None = None) -> li
 
 def run_mcp(args: argparse.Namespace) -> int:
     """`mibyan mcp list`: start each configured server, wait for it (up to mcp.start_timeout), list it."""
-    from mibyan.agent.errors import MibyanError
     from mibyan.cli.logs import setup_logging
     from mibyan.config.loader import load_settings
     from mibyan.config.paths import mibyan_home
+    from mibyan.core.errors import MibyanError
     from mibyan.tools.mcp_connections import McpConnections
 
     home = mibyan_home()

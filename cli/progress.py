@@ -6,7 +6,7 @@ import json
 import sys
 from typing import Any
 
-from mibyan.cli.sanitize import for_stream, visible
+from mibyan.core.sanitize import for_stream, visible
 
 _ARGS_PREVIEW = 80
 

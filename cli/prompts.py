@@ -16,7 +16,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-from mibyan.cli.sanitize import visible
+from mibyan.core.sanitize import visible
 
 _ANSWERS = {
     "o": "once",

@@ -19,7 +19,7 @@ from rich.text import Text
 
 from mibyan.cli.progress import preview_arguments
 from mibyan.cli.prompts import TerminalQuestions
-from mibyan.cli.sanitize import visible
+from mibyan.core.sanitize import visible
 
 _REPARSE_EVERY = 0.1
 

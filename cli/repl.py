@@ -29,8 +29,8 @@ from prompt_toolkit.history import FileHistory
 from prompt_toolkit.key_binding import KeyBindings
 
 from mibyan.cli.commands import COMMANDS, completions, dispatch
-from mibyan.cli.exit_codes import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
-from mibyan.cli.sanitize import visible
+from mibyan.core.exit_codes import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
+from mibyan.core.sanitize import visible
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -320,7 +320,7 @@ class Repl:
 
 
 def run_repl(args: argparse.Namespace, session_id: str | None) -> int:
-    from mibyan.agent.errors import MibyanError
+    from mibyan.core.errors import MibyanError
 
     repl = Repl(args, session_id)
     try:

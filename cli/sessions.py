@@ -14,16 +14,17 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
 
 from agent_state import SessionStore, fts_query
-from mibyan.agent.errors import MibyanError
-from mibyan.cli.exit_codes import EXIT_ERROR, EXIT_OK, EXIT_USAGE
-from mibyan.cli.sanitize import visible, visible_json
 from mibyan.config.paths import mibyan_home
+from mibyan.core import session_text
+from mibyan.core.errors import MibyanError
+from mibyan.core.exit_codes import EXIT_ERROR, EXIT_OK, EXIT_USAGE
+from mibyan.core.sanitize import visible, visible_json
+from mibyan.core.session_text import age
 
 #: The fields of a session in `sessions list --json` and `sessions show --json`.
 SESSION_KEYS = (
@@ -60,14 +61,6 @@ def _session_json(row: dict[str, Any]) -> dict[str, Any]:
     return {key: row.get(key) for key in SESSION_KEYS}
 
 
-def age(timestamp: float) -> str:
-    seconds = max(0, time.time() - timestamp)
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{int(seconds // size)}{unit} ago"
-    return "just now"
-
-
 def _list(store: SessionStore, args: argparse.Namespace) -> int:
     rows = store.list_sessions(args.limit)
     if args.json:
@@ -90,17 +83,6 @@ def _list(store: SessionStore, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _render_message(message: dict[str, Any]) -> str:
-    role = message["role"]
-    if role == "tool":
-        header = f"[tool {message.get('name') or ''} {message.get('tool_call_id')}]"
-        return f"{header}\n{message.get('content') or ''}"
-    text = message.get("content") or ""
-    calls = message.get("tool_calls") or []
-    calls_text = "\n".join(f"→ {c['function']['name']}({c['function']['arguments']})" for c in calls)
-    return f"[{role}]\n" + "\n".join(part for part in (text, calls_text) if part)
-
-
 def _show(store: SessionStore, args: argparse.Namespace) -> int:
     session_id = store.resolve_id(args.id)
     row = store.get_session(session_id) or {}
@@ -115,7 +97,7 @@ def _show(store: SessionStore, args: argparse.Namespace) -> int:
     )
     for message in store.load_messages(session_id):
         print()
-        print(visible(_render_message(message)))
+        print(visible(session_text.render_message(message)))
     return EXIT_OK
 
 
@@ -143,17 +125,9 @@ def _search(store: SessionStore, args: argparse.Namespace) -> int:
 
 
 def export_lines(store: SessionStore, session_id: str, kind: str) -> Iterator[str]:
-    """A session as JSONL (one message a line) or Markdown, each line safe on a terminal."""
-    messages = store.load_messages(session_id)
-    if kind == "jsonl":
-        for message in messages:
-            yield visible_json(json.dumps(message, ensure_ascii=False)) + "\n"
-        return
+    """A stored session as JSONL or Markdown (`core.session_text.export_lines`), each line terminal-safe."""
     row = store.get_session(session_id) or {}
-    yield visible(f"# {row.get('title') or session_id}") + "\n\n"
-    for message in messages:
-        body = visible(_render_message(message).split(chr(10), 1)[-1])
-        yield f"## {message['role']}\n\n{body}\n\n"
+    return session_text.export_lines(row.get("title") or session_id, store.load_messages(session_id), kind)
 
 
 def _export(store: SessionStore, args: argparse.Namespace) -> int:

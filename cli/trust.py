@@ -14,9 +14,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from mibyan.agent.errors import MibyanError
-from mibyan.cli.exit_codes import EXIT_ERROR, EXIT_OK, EXIT_USAGE
-from mibyan.cli.sanitize import visible
 from mibyan.config.paths import mibyan_home
 from mibyan.config.trust import (
     digest,
@@ -27,6 +24,9 @@ from mibyan.config.trust import (
     split_untrusted,
     trust_folder,
 )
+from mibyan.core.errors import MibyanError
+from mibyan.core.exit_codes import EXIT_ERROR, EXIT_OK, EXIT_USAGE
+from mibyan.core.sanitize import visible
 
 
 def project_folder(path: Path) -> Path:

@@ -17,7 +17,6 @@ from urllib.parse import urlparse
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
-from mibyan.agent.errors import ConfigError
 from mibyan.config.api_modes import API_MODES, ApiMode
 from mibyan.config.gateway import (
     Connector,
@@ -36,6 +35,7 @@ from mibyan.config.trust import (
     trust_state,
     untrusted_notice,
 )
+from mibyan.core.errors import ConfigError
 
 __all__ = ["API_MODES", "AgentSettings", "ApiMode", "load_settings", "mibyan_home"]
 

@@ -7,7 +7,7 @@ import stat
 from collections.abc import Mapping
 from pathlib import Path
 
-from mibyan.agent.errors import MibyanError
+from mibyan.core.errors import MibyanError
 
 
 class HomeError(MibyanError):

@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from mibyan.agent.errors import ConfigError
-from mibyan.cli.sanitize import visible  # the one output sanitiser; the notice is shown on a terminal
 from mibyan.config.paths import write_private
+from mibyan.core.errors import ConfigError
+from mibyan.core.sanitize import visible  # the one output sanitiser; the notice is shown on a terminal
 
 TRUST_FILE = "trusted.json"
 

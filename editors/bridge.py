@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from acp.schema import AllowedOutcome, PermissionOption, ToolCallUpdate
 
-from mibyan.cli.sanitize import visible
+from mibyan.core.sanitize import visible
 from mibyan.editors import updates
 from mibyan.tools import context
 

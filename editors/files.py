@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from acp import RequestError
 
-from mibyan.agent.errors import ToolError
+from mibyan.core.errors import ToolError
 from mibyan.tools import context
 
 if TYPE_CHECKING:

@@ -38,8 +38,8 @@ from acp.schema import (
     SessionListCapabilities,
 )
 
-from mibyan.agent.errors import MibyanError
-from mibyan.cli.sanitize import visible
+from mibyan.core.errors import MibyanError
+from mibyan.core.sanitize import visible
 from mibyan.editors import updates
 from mibyan.editors.bridge import TurnBridge
 from mibyan.editors.files import EditorFiles

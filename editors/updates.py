@@ -31,7 +31,7 @@ from acp.schema import (
     UserMessageChunk,
 )
 
-from mibyan.cli.sanitize import visible
+from mibyan.core.sanitize import visible
 
 Update = (
     AgentMessageChunk

@@ -22,11 +22,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mibyan.agent.errors import ConfigError
 from mibyan.agent.providers import ProviderHealth
 from mibyan.config.gateway import GatewayAgent
 from mibyan.config.loader import AgentSettings
 from mibyan.config.paths import private_dir, write_private
+from mibyan.core.errors import ConfigError
 
 if TYPE_CHECKING:
     from mibyan.agent.memory import MemoryStore

@@ -20,10 +20,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from agent_state import SessionStore, mask_secrets
-from mibyan.agent.errors import MibyanError
 from mibyan.agent.session_lock import SessionLock, build_holding
 from mibyan.config.gateway import Connector
 from mibyan.config.loader import AgentSettings
+from mibyan.core.errors import MibyanError
 from mibyan.gateway.agents import AgentInstance, prepare_workspace
 from mibyan.gateway.approvals import (
     DENIED_BY_POLICY,

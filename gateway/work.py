@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from mibyan.agent.errors import MibyanError
+from mibyan.core.errors import MibyanError
 from mibyan.gateway.ledger import InboxEntry
 from mibyan.gateway.streaming import AnswerStream
 

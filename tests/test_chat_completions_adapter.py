@@ -7,10 +7,11 @@ import json
 import pytest
 from recorded import Collect, Replay, load_cassette
 
-from mibyan.agent.adapters.base import CallHandle, ToolSchema, WireRequest
+from mibyan.agent.adapters.base import CallHandle, WireRequest
 from mibyan.agent.adapters.chat_completions import ChatCompletionsAdapter
-from mibyan.agent.errors import ProviderError
 from mibyan.agent.messages import assistant_message, tool_message, user_message
+from mibyan.core.errors import ProviderError
+from mibyan.tools.schema import ToolSchema
 
 
 def send(replay: Replay, body: dict, *, events: Collect | None = None):

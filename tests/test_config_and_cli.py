@@ -10,8 +10,8 @@ import pytest
 from conftest import ROOT, run_cli
 from loopback import Reply, ScriptedServer
 
-from mibyan.agent.errors import ConfigError
 from mibyan.config.loader import load_settings
+from mibyan.core.errors import ConfigError
 
 
 def test_defaults_predefine_three_providers_and_a_500_call_budget(tmp_path: Path) -> None:

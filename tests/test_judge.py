@@ -12,7 +12,7 @@ from conftest import run_cli
 from loopback import Reply, ScriptedServer
 from sandboxing import run_command
 
-from mibyan.agent.interruptible import InterruptSignal
+from mibyan.core.interruptible import InterruptSignal
 from mibyan.tools import context
 from mibyan.tools.approval import classify_command
 from mibyan.tools.command_judge import judge

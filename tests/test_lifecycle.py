@@ -10,7 +10,7 @@ import pytest
 from conftest import run_in_background
 from loopback import Reply, ScriptedServer
 
-from mibyan.agent.errors import AgentBusyError
+from mibyan.core.errors import AgentBusyError
 
 
 def open_handles_to(path: Path) -> int:

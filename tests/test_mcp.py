@@ -389,8 +389,8 @@ def test_a_failure_at_the_last_start_is_named_once_by_the_runs_sharing_a_servers
     home: Path,
 ) -> None:
     # a gateway agent's runs and a subagent share their owner's connections: the owner says it
-    from mibyan.agent.interruptible import InterruptSignal
     from mibyan.config.mcp import McpServerSettings
+    from mibyan.core.interruptible import InterruptSignal
     from mibyan.tools.mcp_connections import McpConnections
     from mibyan.tools.mcp_tools import McpToolset
 

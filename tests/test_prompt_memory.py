@@ -12,8 +12,8 @@ import pytest
 from conftest import ROOT
 from loopback import Reply, ScriptedServer
 
-from mibyan.agent.errors import ToolError
 from mibyan.agent.memory import LIMITS, MemoryStore
+from mibyan.core.errors import ToolError
 
 
 def system_of(body: dict) -> str:

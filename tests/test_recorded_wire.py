@@ -8,10 +8,11 @@ import pytest
 from recorded import Collect, Interaction, Replay, load_cassette
 
 from mibyan.agent.adapters.anthropic_messages import AnthropicMessagesAdapter
-from mibyan.agent.adapters.base import CallHandle, ToolSchema, WireRequest
+from mibyan.agent.adapters.base import CallHandle, WireRequest
 from mibyan.agent.adapters.codex_responses import CodexResponsesAdapter
 from mibyan.agent.messages import tool_message, user_message
 from mibyan.agent.turn_api_error import classify_error
+from mibyan.tools.schema import ToolSchema
 
 
 def send(adapter, client, body: dict, events: Collect | None = None):

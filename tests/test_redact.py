@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from loopback import Reply, ScriptedServer
 
 from agent_state import SessionStore
-from mibyan.agent.redact import mask_secrets
+from mibyan.core.redact import mask_secrets
 
 ALNUM = string.ascii_letters + string.digits
 

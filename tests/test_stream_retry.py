@@ -142,7 +142,7 @@ pieces = st.lists(st.text(alphabet="ab ", min_size=1, max_size=4), max_size=8)
 def test_whatever_the_retries_say_the_screen_ends_on_the_last_reply(attempts: list[list[str]]) -> None:
     """Deltas after the last restart, appended to what was shown before it, read as the final reply."""
     from mibyan.agent.callbacks import Callbacks, ShownText, StreamRelay
-    from mibyan.agent.interruptible import InterruptSignal
+    from mibyan.core.interruptible import InterruptSignal
 
     screen: list[str] = []
     callbacks = Callbacks(
@@ -162,7 +162,7 @@ def test_whatever_the_retries_say_the_screen_ends_on_the_last_reply(attempts: li
 @given(first=st.text(alphabet="ab ", max_size=12), more=st.text(alphabet="ab ", max_size=12))
 def test_a_retry_that_extends_what_was_shown_never_restarts(first: str, more: str) -> None:
     from mibyan.agent.callbacks import Callbacks, ShownText, StreamRelay
-    from mibyan.agent.interruptible import InterruptSignal
+    from mibyan.core.interruptible import InterruptSignal
 
     screen: list[str] = []
     restarts: list[str] = []

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from loopback import Reply, ScriptedServer
 
 from mibyan.cli.prompts import approval_question
-from mibyan.cli.sanitize import visible, visible_json
+from mibyan.core.sanitize import visible, visible_json
 
 UNSAFE_CATEGORIES = {"Cc", "Cf", "Zl", "Zp", "Cs"}
 HOSTILE = "\x1b]0;pwned\x07\x1b[2J\x9b31m hello \u202egnp.exe\u200b\U000e0041 done\x08"

@@ -332,7 +332,7 @@ def test_hooks_from_the_config_file(
 
 
 def test_a_hook_that_cannot_be_imported_is_a_config_error(home: Path) -> None:
-    from mibyan.agent.errors import ConfigError
+    from mibyan.core.errors import ConfigError
     from run_agent import AIAgent
 
     (home / "config.yaml").write_text("hooks: {pre_tool_call: ['nowhere:nothing']}\n")

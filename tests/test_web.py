@@ -17,7 +17,7 @@ from starlette.testclient import TestClient
 from webbing import ESC, HOSTILE_MODEL, XSS, Sessions, make_sessions
 
 from agent_state import SessionStore
-from mibyan.cli.sanitize import visible
+from mibyan.core.sanitize import visible
 from mibyan.web.app import create_app
 from mibyan.web.guard import CONTENT_SECURITY_POLICY
 from mibyan.web.text import markdown_html, text_html

@@ -14,7 +14,7 @@ import httpx2
 import pytest
 from loopback import Reply, ScriptedServer
 
-from mibyan.agent.errors import ToolError
+from mibyan.core.errors import ToolError
 from mibyan.tools.web_policy import address_refusal, checked_addresses
 from mibyan.tools.web_tools import fetch_page
 

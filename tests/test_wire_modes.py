@@ -8,9 +8,9 @@ import json
 import pytest
 from loopback import Reply, ScriptedServer
 
-from mibyan.agent.errors import ConfigError
 from mibyan.agent.messages import repair_history
 from mibyan.agent.providers import resolve_api_mode
+from mibyan.core.errors import ConfigError
 
 MODES = ["chat_completions", "codex_responses", "anthropic_messages"]
 

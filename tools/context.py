@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from mibyan.agent.interruptible import InterruptSignal
+from mibyan.core.interruptible import InterruptSignal
 from mibyan.tools.approval import Verdict
 
 if TYPE_CHECKING:

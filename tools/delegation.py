@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
-from mibyan.agent.errors import MibyanError, ToolError
+from mibyan.core.errors import MibyanError, ToolError
 from mibyan.tools import context
 from mibyan.tools.registry import tool
 

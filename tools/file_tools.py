@@ -20,8 +20,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from mibyan.agent.errors import ToolError
 from mibyan.config.paths import mibyan_home
+from mibyan.core.errors import ToolError
 from mibyan.tools import context
 from mibyan.tools.approval import Verdict
 from mibyan.tools.context import FileAccess

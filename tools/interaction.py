@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from mibyan.agent.errors import ToolError
+from mibyan.core.errors import ToolError
 from mibyan.tools.registry import tool
 
 

@@ -19,7 +19,7 @@ import platform
 from dataclasses import dataclass
 from pathlib import Path
 
-from mibyan.agent.errors import ToolError
+from mibyan.core.errors import ToolError
 
 # x86_64 and aarch64 share these numbers (the calls were added after the syscall tables were unified)
 _SYS_CREATE_RULESET, _SYS_ADD_RULE, _SYS_RESTRICT_SELF = 444, 445, 446

@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Literal
 
-from mibyan.agent.errors import ToolError
 from mibyan.config.mcp import McpServerSettings
 from mibyan.config.paths import private_dir
+from mibyan.core.errors import ToolError
 from mibyan.tools import context
 from mibyan.tools.mcp_cache import Listing, McpTool, ToolCache
 

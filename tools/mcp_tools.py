@@ -23,14 +23,14 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from mibyan.agent.adapters.base import ToolSchema
-from mibyan.agent.errors import ToolError
-from mibyan.agent.interruptible import InterruptSignal
 from mibyan.config.mcp import McpServerSettings
+from mibyan.core.errors import ToolError
+from mibyan.core.interruptible import InterruptSignal
 from mibyan.tools.approval import Verdict, mcp_subject, mcp_verdict
 from mibyan.tools.mcp_cache import MAX_TOOLS, McpTool
 from mibyan.tools.mcp_connections import MISSING_SDK, McpConnections, ServerState
 from mibyan.tools.registry import ToolSpec
+from mibyan.tools.schema import ToolSchema
 
 log = logging.getLogger("mibyan.mcp")
 

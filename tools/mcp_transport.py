@@ -27,7 +27,7 @@ from mcp.shared.message import SessionMessage
 from mcp_types import jsonrpc_message_adapter
 from pydantic import ValidationError
 
-from mibyan.cli.sanitize import visible  # the one output sanitiser: the log is read on a terminal
+from mibyan.core.sanitize import visible  # the one output sanitiser: the log is read on a terminal
 
 log = logging.getLogger("mibyan.mcp")
 

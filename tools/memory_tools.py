@@ -6,9 +6,9 @@ from pathlib import Path
 from typing import Any
 
 from agent_state import SessionStore, mask_secrets
-from mibyan.agent.errors import ToolError
 from mibyan.agent.memory import MemoryStore
 from mibyan.agent.skills import discover_skills, skills_index
+from mibyan.core.errors import ToolError
 from mibyan.tools.registry import tool
 
 

@@ -24,7 +24,7 @@ from typing import (
     is_typeddict,
 )
 
-from mibyan.agent.adapters.base import ToolSchema
+from mibyan.tools.schema import ToolSchema
 
 if TYPE_CHECKING:
     from mibyan.tools.approval import Verdict

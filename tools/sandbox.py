@@ -45,7 +45,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Literal, get_args
 
-from mibyan.agent.errors import ConfigError
+from mibyan.core.errors import ConfigError
 
 Mode = Literal["workspace-write", "read-only", "off"]
 Backend = Literal["bubblewrap", "landlock", "none"]

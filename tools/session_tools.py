@@ -6,7 +6,7 @@ import time
 from datetime import datetime
 
 from agent_state import SessionStore
-from mibyan.agent.errors import ToolError
+from mibyan.core.errors import ToolError
 from mibyan.tools.registry import tool
 
 _MAX_LIMIT = 25

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any, cast
 
-from mibyan.agent.errors import ToolError, ToolFailed
+from mibyan.core.errors import ToolError, ToolFailed
 from mibyan.tools import context
 from mibyan.tools.approval import Verdict, classify_command, outside_sandbox
 from mibyan.tools.git_guard import neutral_environment, repository_of

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from agent_state import SessionStore
-from mibyan.agent.errors import ToolError
+from mibyan.core.errors import ToolError
 from mibyan.tools.registry import tool
 
 STATUSES = ("pending", "in_progress", "done", "cancelled")

@@ -14,7 +14,7 @@ from __future__ import annotations
 import ipaddress
 import socket
 
-from mibyan.agent.errors import ToolError
+from mibyan.core.errors import ToolError
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 

@@ -13,13 +13,13 @@ from collections.abc import Callable, Iterator
 from html.parser import HTMLParser
 from typing import TYPE_CHECKING, Any
 
-from mibyan.agent.errors import ToolError
+from mibyan.core.errors import ToolError
 from mibyan.tools import context
 from mibyan.tools.registry import tool
 from mibyan.tools.web_policy import checked_addresses
 
 if TYPE_CHECKING:
-    from mibyan.agent.http_transport import AbortableTransport
+    from mibyan.core.http_transport import AbortableTransport
 
 #: What one fetch found: the final address, status, content type, encoding and body.
 _Fetched = tuple[str, int, str, str, bytearray]
@@ -88,7 +88,7 @@ def fetch_page(url: str, *, timeout: float, allow_private: bool, transport: Any 
 
     if not url.startswith(("http://", "https://")):
         raise ToolError("only http:// and https:// addresses can be fetched")
-    from mibyan.agent.http_transport import AbortableTransport
+    from mibyan.core.http_transport import AbortableTransport
 
     abortable = AbortableTransport(transport)
 

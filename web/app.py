@@ -29,7 +29,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from agent_state import SessionStore, fts_query
-from mibyan.cli.sessions import age, export_lines
+from mibyan.core.session_text import age, export_lines
 from mibyan.web import live, transcript
 from mibyan.web.chart import token_chart
 from mibyan.web.guard import Guard
@@ -144,9 +144,11 @@ class Viewer:
         session_id, kind = request.path_params["session_id"], request.path_params["kind"]
         if kind not in _EXPORTS:
             return PlainTextResponse("404: export as .jsonl or .md\n", status_code=404)
-        if self.store.get_session(session_id) is None:
+        row = self.store.get_session(session_id)
+        if row is None:
             return self._missing(session_id)
-        body = "".join(export_lines(self.store, session_id, kind))
+        title = row.get("title") or session_id
+        body = "".join(export_lines(title, self.store.load_messages(session_id), kind))
         name = re.sub(r"[^A-Za-z0-9_-]", "_", session_id)[:64] or "session"
         headers = {"Content-Disposition": f'attachment; filename="mibyan-{name}.{kind}"'}
         return Response(body, media_type=f"{_EXPORTS[kind]}; charset=utf-8", headers=headers)

@@ -18,7 +18,7 @@ from urllib.parse import parse_qsl, quote, urlencode
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from mibyan.gateway.net import is_loopback_host
+from mibyan.core.net import is_loopback_host
 
 CONTENT_SECURITY_POLICY = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "

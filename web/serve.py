@@ -19,12 +19,12 @@ from types import FrameType
 import uvicorn
 
 from agent_state import SessionStore
-from mibyan.agent.errors import MibyanError
-from mibyan.cli.exit_codes import EXIT_ERROR, EXIT_OK, EXIT_USAGE
-from mibyan.cli.sanitize import visible
 from mibyan.config.paths import mibyan_home
+from mibyan.core.errors import MibyanError
+from mibyan.core.exit_codes import EXIT_ERROR, EXIT_OK, EXIT_USAGE
+from mibyan.core.net import is_loopback_host, listen_on
+from mibyan.core.sanitize import visible
 from mibyan.gateway.listener import ListenerLimits, server_config
-from mibyan.gateway.net import is_loopback_host, listen_on
 
 
 class _Server(uvicorn.Server):

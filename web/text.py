@@ -20,7 +20,7 @@ from markdown_it.token import Token
 from markdown_it.utils import EnvType, OptionsDict
 from markupsafe import Markup, escape
 
-from mibyan.cli.sanitize import visible, visible_with
+from mibyan.core.sanitize import visible, visible_with
 
 _SCHEME = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.\-]*):")
 #: What a browser ignores in a URL (so `java\tscript:` is `javascript:` to it).

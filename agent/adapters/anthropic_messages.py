@@ -20,8 +20,8 @@ from mibyan.agent.adapters.base import (
     WireRequest,
     malformed,
 )
-from mibyan.agent.errors import ProviderError
 from mibyan.agent.messages import Message
+from mibyan.core.errors import ProviderError
 
 DEFAULT_MAX_TOKENS = 8192
 _STOP_REASONS = {

@@ -8,8 +8,9 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from mibyan.agent.errors import ProviderError
 from mibyan.agent.messages import Message, assistant_message
+from mibyan.core.errors import ProviderError
+from mibyan.tools.schema import ToolSchema
 
 
 @dataclass
@@ -122,15 +123,6 @@ class _Heard:
     def on_tool_call(self, name: str) -> None:
         self._handle.answer_moved()
         self._events.on_tool_call(name)
-
-
-@dataclass(frozen=True)
-class ToolSchema:
-    """A tool as the model sees it: name, description and JSON schema of its arguments."""
-
-    name: str
-    description: str
-    parameters: dict[str, Any]
 
 
 @dataclass(frozen=True)

@@ -13,14 +13,14 @@ from typing import Any
 from mibyan.agent.adapters.base import (
     NormalizedResponse,
     StreamEvents,
-    ToolSchema,
     Usage,
     WireAdapter,
     WireRequest,
     malformed,
 )
-from mibyan.agent.errors import ProviderError
 from mibyan.agent.messages import Message
+from mibyan.core.errors import ProviderError
+from mibyan.tools.schema import ToolSchema
 
 #: Keys of our history that the Chat Completions wire format has no place for.
 _PRIVATE_KEYS = frozenset({"reasoning", "provider_data"})

@@ -18,8 +18,8 @@ from mibyan.agent.adapters.base import (
     WireRequest,
     malformed,
 )
-from mibyan.agent.errors import ProviderError
 from mibyan.agent.messages import Message
+from mibyan.core.errors import ProviderError
 
 _ITEMS_KEY = "responses_reasoning"
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from mibyan.agent.errors import ConfigError
 from mibyan.config.gateway import Connector as ConnectorSettings
+from mibyan.core.errors import ConfigError
 
 if TYPE_CHECKING:
     from mibyan.gateway.connectors.base import Connector

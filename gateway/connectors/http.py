@@ -28,8 +28,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from mibyan.agent.errors import ConfigError, MibyanError
 from mibyan.config.gateway import Connector as ConnectorSettings
+from mibyan.core.errors import ConfigError, MibyanError
+from mibyan.core.net import is_loopback_host, listen_on
 from mibyan.gateway.connectors.http_requests import (
     BadRequest,
     HungUp,
@@ -44,7 +45,6 @@ from mibyan.gateway.connectors.http_requests import (
 from mibyan.gateway.connectors.throttle import AuthThrottle, peer_of
 from mibyan.gateway.ledger import Reply
 from mibyan.gateway.listener import ListenerLimits, server_config
-from mibyan.gateway.net import is_loopback_host, listen_on
 from mibyan.gateway.runner import Gateway
 from mibyan.gateway.work import Inbound, Outcome, ShuttingDown, UnknownAgent
 

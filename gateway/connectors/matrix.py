@@ -20,8 +20,8 @@ from aiohttp import ClientError
 from mautrix.api import Method
 from mautrix.errors import MatrixConnectionError, MatrixRequestError
 
-from mibyan.agent.errors import ConfigError
 from mibyan.config.gateway import Connector as ConnectorSettings
+from mibyan.core.errors import ConfigError
 from mibyan.gateway.connectors.base import Destination, InboundEvent, Limits, SendResult, SendStatus
 from mibyan.gateway.connectors.chat import ChatCore
 from mibyan.gateway.connectors.chat_text import markdown_html

@@ -23,9 +23,9 @@ from mautrix.api import HTTPAPI, Method
 from mautrix.errors import MatrixRequestError, make_request_error
 from yarl import URL
 
-from mibyan.agent.errors import ConfigError
 from mibyan.config.gateway import Connector as ConnectorSettings
 from mibyan.config.paths import write_private
+from mibyan.core.errors import ConfigError
 
 log = logging.getLogger("mibyan.gateway")
 CLIENT = "/_matrix/client/v3"

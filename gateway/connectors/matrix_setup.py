@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import os
 
-from mibyan.agent.errors import ConfigError
 from mibyan.config.gateway import Connector as ConnectorSettings
+from mibyan.core.errors import ConfigError
 
 
 def check_chat_connector(settings: ConnectorSettings, env: dict[str, str] | os._Environ[str]) -> None:

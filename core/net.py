@@ -6,7 +6,7 @@ from __future__ import annotations
 import ipaddress
 import socket
 
-from mibyan.agent.errors import MibyanError
+from mibyan.core.errors import MibyanError
 
 
 def is_loopback_host(host: str) -> bool:

@@ -1,0 +1,134 @@
+"""The interruptible call: blocking work on a worker thread, abandoned at once on interrupt.
+
+The caller waits on whichever comes first: the work finishing, the interrupt signal, or the timeout.
+An interrupted or timed-out call is abandoned: its `on_abandon` hook closes the connection so the
+provider stops generating, and whatever the worker still produces is discarded.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from mibyan.core.errors import ProviderError, TurnInterrupted
+
+T = TypeVar("T")
+
+
+class InterruptSignal:
+    """A thread-safe interrupt flag that also wakes whoever waits on it."""
+
+    def __init__(self) -> None:
+        self._condition = threading.Condition()
+        self._set = False
+
+    def set(self) -> None:
+        with self._condition:
+            self._set = True
+            self._condition.notify_all()
+
+    def clear(self) -> None:
+        with self._condition:
+            self._set = False
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def notify(self) -> None:
+        """Wake the waiters so they re-check their condition."""
+        with self._condition:
+            self._condition.notify_all()
+
+    def wait_until(self, done: Callable[[], bool], timeout: float | None) -> bool:
+        """Wait until `done()` is true or the signal is set; False on timeout."""
+        with self._condition:
+            return self._condition.wait_for(lambda: self._set or done(), timeout)
+
+    def sleep(self, seconds: float) -> None:
+        """Sleep, but raise `TurnInterrupted` as soon as the signal is set."""
+        if self.wait_until(lambda: False, seconds) and self._set:
+            raise TurnInterrupted()
+
+
+class _Outcome(Generic[T]):
+    __slots__ = ("done", "error", "value")
+
+    def __init__(self) -> None:
+        self.done = False
+        self.value: T | None = None
+        self.error: BaseException | None = None
+
+
+@dataclass(frozen=True)
+class StallLimit:
+    """A bound on the silence of work that has started to flow: `silence()` is the seconds since it last
+    moved (None while it has not started), `seconds` how long that may grow."""
+
+    silence: Callable[[], float | None]
+    seconds: float
+
+
+def call_interruptibly(
+    work: Callable[[], T],
+    *,
+    signal: InterruptSignal,
+    timeout: float,
+    on_abandon: Callable[[], None] = lambda: None,
+    name: str = "mibyan-call",
+    stall: StallLimit | None = None,
+) -> T:
+    """Run `work()` on a worker thread and wait for it, the interrupt, the timeout, or a stall.
+
+    Raises:
+        TurnInterrupted: the signal was set before the work finished.
+        ProviderError: reason "timeout" when `timeout` seconds passed first; reason "dropped_stream"
+            when, once it flowed, the work was silent for `stall.seconds`.
+        Whatever `work()` raised.
+    """
+    outcome: _Outcome[T] = _Outcome()
+
+    def run() -> None:
+        try:
+            outcome.value = work()
+        except BaseException as exc:  # handed to the waiting thread, which re-raises it
+            outcome.error = exc
+        finally:
+            outcome.done = True
+            signal.notify()
+
+    worker = threading.Thread(target=run, name=name, daemon=True)
+    worker.start()
+    stalled = _wait(outcome, signal, timeout, stall)
+    if signal.is_set():
+        # An interrupt wins even over a reply that completed in the same instant: the user asked to stop.
+        if not outcome.done:
+            on_abandon()
+        raise TurnInterrupted()
+    if not outcome.done:
+        on_abandon()
+        if stalled and stall is not None:
+            raise ProviderError(
+                f"the stream stalled: nothing arrived for {stall.seconds:g} s", reason="dropped_stream"
+            )
+        raise ProviderError(f"the model call took longer than {timeout:g} s", reason="timeout")
+    if outcome.error is not None:
+        raise outcome.error
+    return outcome.value  # type: ignore[return-value]
+
+
+def _wait(outcome: _Outcome[T], signal: InterruptSignal, timeout: float, stall: StallLimit | None) -> bool:
+    """Wait for the outcome, the signal or the timeout; True when it ended on a stall instead."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        if stall is not None:
+            silence = stall.silence()
+            if silence is not None and silence >= stall.seconds:
+                return True
+            # Before the work flows, look again every `seconds`: it may start, and then stall, meanwhile.
+            left = min(left, stall.seconds - (silence or 0.0))
+        if signal.wait_until(lambda: outcome.done, max(left, 0.0)) or time.monotonic() >= deadline:
+            return False
