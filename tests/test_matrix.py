@@ -4,6 +4,7 @@ rooms, the scripted model behind the agent."""
 from __future__ import annotations
 
 import itertools
+import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -94,17 +95,23 @@ def start(
     *,
     allow: list[str] | None = None,
     gateway: dict[str, Any] | None = None,
+    token: str | None = None,
 ) -> RunningGateway:
+    """The gateway with one matrix connector for `bot`, logging in with its password (or `token`)."""
+    secret = (
+        {"access_token_env": "MIBYAN_MATRIX_TOKEN"} if token else {"password_env": "MIBYAN_MATRIX_PASSWORD"}
+    )
     connector = {
         "name": "team",
         "kind": "matrix",
         "homeserver": synapse.url,
         "user_id": bot,
-        "password_env": "MIBYAN_MATRIX_PASSWORD",
+        **secret,
         "allow": allow or ["@alice:localhost", "@carol:localhost"],
     }
     write_config(home, {"local": server.base_url}, [MEEPA], connectors=[connector], gateway=gateway)
-    return RunningGateway(home, env={"MIBYAN_MATRIX_PASSWORD": PASSWORD})
+    env = {"MIBYAN_MATRIX_TOKEN": token} if token else {"MIBYAN_MATRIX_PASSWORD": PASSWORD}
+    return RunningGateway(home, env=env)
 
 
 def dm(user: User, bot: str) -> str:
@@ -287,6 +294,59 @@ def test_the_next_message_is_answered_after_the_homeserver_restarts(
         alice.send(room, "after the restart")
         got = replies(alice, room, bot, 2, timeout=30)
     assert bodies(got) == ["echo 1: before", "echo 2: after the restart"]
+
+
+def _log_out(synapse: Synapse, token: str) -> None:
+    """End a login as the account's owner would from another device (the token stops working)."""
+    synapse.request("POST", "/_matrix/client/v3/logout", {}, token=token)
+
+
+def _logged(home: Path, text: str) -> bool:
+    path = home / "logs" / "gateway.log"
+    return path.is_file() and text in path.read_text()
+
+
+def test_a_login_the_homeserver_ended_is_made_again_with_the_password(
+    home: Path, server: ScriptedServer, synapse: Synapse, alice: User
+) -> None:
+    bot = new_bot(synapse)
+    with start(home, server, synapse, bot):
+        room = dm(alice, bot)
+        alice.send(room, "before")
+        replies(alice, room, bot, 1)
+        kept = json.loads((home / "connectors" / "team" / "login.json").read_text())
+        _log_out(synapse, kept["access_token"])
+        alice.send(room, "after the logout")
+        got = replies(alice, room, bot, 2)
+    assert bodies(got) == ["echo 1: before", "echo 2: after the logout"]
+    assert _logged(home, "the homeserver ended its login (M_UNKNOWN_TOKEN); logged in again")
+    again = json.loads((home / "connectors" / "team" / "login.json").read_text())
+    assert again["access_token"] != kept["access_token"]
+
+
+def test_a_revoked_access_token_stops_the_connector_with_one_line_and_loses_nothing(
+    home: Path, server: ScriptedServer, synapse: Synapse, alice: User
+) -> None:
+    bot = new_bot(synapse)
+    body = {
+        "type": "m.login.password",
+        "identifier": {"type": "m.id.user", "user": bot},
+        "password": PASSWORD,
+    }
+    first, second = (synapse.request("POST", "/_matrix/client/v3/login", body)["access_token"] for _ in "12")
+    with start(home, server, synapse, bot, token=first) as gateway:
+        room = dm(alice, bot)
+        _log_out(synapse, first)
+        assert wait_until(lambda: _logged(home, "the connector stopped"))
+        alice.send(room, "sent while the token was revoked")
+        assert gateway.terminate() == 0
+    log = (home / "logs" / "gateway.log").read_text()
+    assert log.count("the homeserver refused its access token (M_UNKNOWN_TOKEN") == 1
+    assert "set a new token in MIBYAN_MATRIX_TOKEN and restart the gateway" in log
+    assert server.requests == []
+    with start(home, server, synapse, bot, token=second):
+        got = replies(alice, room, bot, 1)
+    assert bodies(got) == ["echo 1: sent while the token was revoked"]
 
 
 def _long_reply() -> str:

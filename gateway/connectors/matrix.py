@@ -127,21 +127,63 @@ class MatrixConnector:
         return await self.core.resend(reply, Destination(room, thread or None, entry.message_key))
 
     async def _run(self) -> None:
-        """Sync until stopped; after the homeserver goes away, reconnect with back-off."""
-        backoff = 0.5
+        """Sync until stopped; after the homeserver goes away, reconnect with back-off; after it ends the
+        login, log in again once (a login refused at once again stops the connector)."""
+        backoff, fresh_login = 0.5, False
         while True:
             try:
                 await self._sync_once(timeout_ms=10_000)
-                backoff = 0.5
+                backoff, fresh_login = 0.5, False
             except RateLimited as limited:
                 await asyncio.sleep(limited.retry_after)
             except ShuttingDown:
                 return
             except (*_GONE, MatrixRequestError) as exc:
+                if isinstance(exc, MatrixRequestError) and exc.http_status == 401:
+                    if fresh_login:
+                        log.error(
+                            "%s: the homeserver refused a fresh login at once (%s); the connector "
+                            "stopped: restart the gateway once the account works",
+                            self.name,
+                            exc,
+                        )
+                        return
+                    if not await self._logged_in_again(exc):
+                        return
+                    fresh_login = True
+                    continue
                 if backoff == 0.5:
                     log.warning("%s: the homeserver is unreachable (%s); reconnecting", self.name, exc)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
+
+    async def _logged_in_again(self, refused: MatrixRequestError) -> bool:
+        """The homeserver ended the login (its device logged out, the token revoked): log in again with
+        the password; with a given access token, or a password it refuses now, the connector stops (one
+        error line) instead of asking forever. Nothing is lost: the cursor has not moved, so a restart
+        with new credentials catches up on what was sent meanwhile."""
+        if not self.settings.access_token_env:
+            self.files.forget_login()
+            try:
+                self.login = await log_in(self.api, self.settings, self.files, self._secret)
+            except ConfigError as exc:
+                log.error("%s; the connector stopped: restart the gateway once it is fixed", exc)
+                return False
+            except _GONE:
+                return True  # the next sync finds the homeserver gone and backs off
+            log.warning(
+                "%s: the homeserver ended its login (%s); logged in again", self.name, refused.errcode
+            )
+            return True
+        log.error(
+            "%s: the homeserver refused its access token (%s: %s); the connector stopped: set a new token "
+            "in %s and restart the gateway",
+            self.name,
+            refused.errcode,
+            refused.message,
+            self.settings.access_token_env,
+        )
+        return False
 
     async def _sync(self, timeout_ms: int) -> dict[str, Any]:
         query = {"timeout": str(timeout_ms), "filter": _SYNC_FILTER}

@@ -102,6 +102,10 @@ class ConnectorFiles:
         data = {"homeserver": homeserver, **login.__dict__}
         write_private(self.folder / "login.json", json.dumps(data).encode())
 
+    def forget_login(self) -> None:
+        """The kept login no longer works: the next `log_in` logs in with the password."""
+        (self.folder / "login.json").unlink(missing_ok=True)
+
     def cursor(self) -> tuple[str | None, float]:
         """The `since` token after the last admitted sync, and when the connector first started."""
         data = self._read("sync.json") or {}
