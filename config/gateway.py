@@ -87,6 +87,7 @@ class GatewaySection(_Section):
     approvals: Literal["deny", "ask"] = "deny"
     shutdown_grace: float = Field(default=30, ge=0)
     redeliver_within: float = Field(default=600, ge=0)
+    max_attachment_mb: float = Field(default=10, gt=0)  # a file a chat user sends, saved in inbox/
 
 
 def check_agents(agents: Sequence[GatewayAgent], providers: Collection[str] | None) -> None:

@@ -206,6 +206,23 @@ class User:
         assert isinstance(answer, RoomSendResponse), answer
         return str(answer.event_id)
 
+    def send_file(self, room_id: str, name: str, data: bytes, *, caption: str | None = None) -> str:
+        """Upload `data` and send it as an `m.file` named `name` (with `caption` as its body, if given)."""
+        import io
+
+        from nio import RoomSendResponse, UploadResponse
+
+        uploaded, _keys = self.run(
+            self.client.upload(io.BytesIO(data), "application/octet-stream", name, filesize=len(data))
+        )
+        assert isinstance(uploaded, UploadResponse), uploaded
+        content: dict[str, Any] = {"msgtype": "m.file", "body": caption or name, "url": uploaded.content_uri}
+        content.update({"filename": name} if caption else {})
+        content["info"] = {"size": len(data), "mimetype": "application/octet-stream"}
+        answer = self.run(self.client.room_send(room_id, "m.room.message", content))
+        assert isinstance(answer, RoomSendResponse), answer
+        return str(answer.event_id)
+
     def messages(self, room_id: str, sender: str) -> list[dict[str, Any]]:
         """Every m.room.message `sender` sent in the room, oldest first (the event's source dicts)."""
         from nio import RoomMessagesResponse

@@ -349,6 +349,37 @@ def test_a_revoked_access_token_stops_the_connector_with_one_line_and_loses_noth
     assert bodies(got) == ["echo 1: sent while the token was revoked"]
 
 
+def test_files_people_send_are_saved_in_the_inbox_within_the_limit_and_never_through_a_link(
+    home: Path, server: ScriptedServer, synapse: Synapse, alice: User, tmp_path: Path
+) -> None:
+    bot = new_bot(synapse)
+    inbox = home / "agents" / "meepa" / "workspace" / "inbox"
+    with start(home, server, synapse, bot, gateway={"max_attachment_mb": 0.0001}):  # 100 bytes
+        room = dm(alice, bot)
+        alice.send_file(room, "../../notes .txt", b"ten bytes!", caption="read this")
+        alice.send_file(room, "big.bin", b"x" * 500)
+        first = bodies(replies(alice, room, bot, 2))
+        saved = [(path.name, path.read_bytes(), path.stat().st_mode & 0o777) for path in inbox.iterdir()]
+        elsewhere = tmp_path / "elsewhere"
+        elsewhere.mkdir()
+        inbox.rename(tmp_path / "old-inbox")
+        inbox.symlink_to(elsewhere)  # what the agent's own commands could have done in its workspace
+        alice.send_file(room, "third.txt", b"third")
+        third = bodies(replies(alice, room, bot, 3))[2]
+    [(name, data, mode)] = saved
+    assert name.endswith("-notes_.txt") and data == b"ten bytes!" and mode == 0o600
+    assert first[0] == f"echo 1: read this\n[the sender attached a file, saved as inbox/{name} (10 bytes)]"
+    assert (
+        first[1]
+        == "echo 2: [the sender attached a file, big.bin (500 bytes): over the 0.0001 MB limit, not saved]"
+    )
+    assert (
+        third
+        == "echo 3: [the sender attached a file, third.txt (5 bytes): not saved, inbox/ is not a folder]"
+    )
+    assert list(elsewhere.iterdir()) == []
+
+
 def _long_reply() -> str:
     """About 20 kB of prose and code blocks, each block smaller than one part."""
     sections = []

@@ -11,10 +11,12 @@ Encrypted rooms are not supported: logged once, never answered in clear.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import os
 from typing import Any
+from urllib.parse import quote
 
 from aiohttp import ClientError
 from mautrix.api import Method
@@ -22,6 +24,7 @@ from mautrix.errors import MatrixConnectionError, MatrixRequestError
 
 from mibyan.config.gateway import Connector as ConnectorSettings
 from mibyan.core.errors import ConfigError
+from mibyan.gateway.connectors import inbox
 from mibyan.gateway.connectors.base import Destination, InboundEvent, Limits, SendResult, SendStatus
 from mibyan.gateway.connectors.chat import ChatCore
 from mibyan.gateway.connectors.chat_text import markdown_html
@@ -51,6 +54,7 @@ _SYNC_FILTER = json.dumps(
 )
 _GONE = (MatrixConnectionError, ClientError, asyncio.TimeoutError, ConnectionError)
 _MAX_BACKFILL_PAGES = 50
+_FILES = ("m.file", "m.image", "m.audio", "m.video")  # a file a user sends: saved in the agent's inbox/
 
 
 class MatrixConnector:
@@ -275,7 +279,8 @@ class MatrixConnector:
             return
         content = event.get("content", {})
         relation = content.get("m.relates_to") or {}
-        if content.get("msgtype") not in ("m.text", "m.emote") or relation.get("rel_type") == "m.replace":
+        kind = content.get("msgtype")
+        if kind not in ("m.text", "m.emote", *_FILES) or relation.get("rel_type") == "m.replace":
             return
         if not self.core.allowed(sender):
             log.info("%s: ignored a message from %s in %s (not on allow)", self.name, sender, room_id)
@@ -293,7 +298,48 @@ class MatrixConnector:
         )
         if not await self._addressed(room_id, content, text) and not self.core.answers_question(inbound):
             return
+        if kind in _FILES:
+            inbound = dataclasses.replace(inbound, text=await self._file(inbound, content))
         await self.core.admit(inbound, Destination(room_id, thread, inbound.message_id))
+
+    async def _file(self, inbound: InboundEvent, content: dict[str, Any]) -> str:
+        """A file message: the file saved in the agent's `inbox/` (if it is within the limit), and the
+        text telling the agent where, with the caption the sender wrote."""
+        name = str(content.get("filename") or content.get("body") or "file")
+        caption = inbound.text if content.get("filename") and content.get("body") != name else ""
+        limit_mb = self.gateway.settings.gateway.max_attachment_mb
+        limit = int(limit_mb * 1_000_000)
+        declared = (content.get("info") or {}).get("size")
+        data = None
+        if not (isinstance(declared, int) and declared > limit):
+            data = await self._download(str(content.get("url", "")), limit)
+        if data is None or isinstance(data, int):
+            size = data if isinstance(data, int) else int(declared or 0)
+            saved = inbox.Attachment(
+                name, size, None, refused="" if size > limit else "it could not be fetched"
+            )
+        else:
+            workdir = self.gateway.route(self.settings, None).workdir
+            saved = await asyncio.to_thread(inbox.save, workdir, inbound.message_id, name, data)
+        return "\n".join(part for part in (caption, inbox.note([saved], limit_mb)) if part)
+
+    async def _download(self, url: str, limit: int) -> bytes | int | None:
+        """The file at an `mxc://` URL; its size so far when it grows past `limit`; None when the
+        homeserver has no such file. A homeserver gone away raises (the sync is read again later)."""
+        server, _, media = url.removeprefix("mxc://").partition("/")
+        if not url.startswith("mxc://") or not server or not media:
+            return None
+        path = f"/_matrix/client/v1/media/download/{quote(server, safe='')}/{quote(media, safe='')}"
+        headers = {"Authorization": f"Bearer {self.api.token}"}
+        async with self.api.session.get(self.homeserver + path, headers=headers) as response:
+            if response.status != 200:
+                return None
+            data = bytearray()
+            async for chunk in response.content.iter_chunked(1 << 16):
+                data += chunk
+                if len(data) > limit:
+                    return len(data)
+            return bytes(data)
 
     async def _is_encrypted(self, room_id: str) -> bool:
         if room_id not in self._encrypted:
