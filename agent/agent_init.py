@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import sys
@@ -24,89 +25,45 @@ from mibyan.config.paths import write_private
 from mibyan.core.errors import ConfigError
 
 if TYPE_CHECKING:
-    from mibyan.agent.memory import MemoryStore
+    from mibyan.agent.options import AgentOptions
     from mibyan.agent.skills import SemanticMatcher
-    from mibyan.tools.context import FileAccess
     from mibyan.tools.mcp_connections import McpConnections
     from mibyan.tools.mcp_tools import McpToolset
     from mibyan.tools.sandbox import Sandbox
     from run_agent import AIAgent
 
 
-def settings_overrides(
-    *,
-    model: str | None,
-    provider: str | None,
-    max_iterations: int | None,
-    stream: bool | None,
-    enabled_toolsets: list[str] | None,
-    fallback_providers: list[dict[str, Any]] | None,
-    max_tool_failures: int | None = None,
-    mcp_servers: dict[str, dict[str, Any]] | None = None,
-) -> dict[str, Any]:
-    """Constructor arguments in the shape of the configuration files (the last layer)."""
+def settings_overrides(options: AgentOptions) -> dict[str, Any]:
+    """The options that the configuration files also say, in their shape (the last layer)."""
+    max_iterations = options.max_iterations
     if max_iterations is not None and max_iterations < 1:
         raise ConfigError(f"max_iterations: must be at least 1, not {max_iterations}")
     overrides: dict[str, Any] = {}
-    model_layer = {k: v for k, v in (("name", model), ("provider", provider)) if v}
+    model_layer = {k: v for k, v in (("name", options.model), ("provider", options.provider)) if v}
     if model_layer:
         overrides["model"] = model_layer
     agent_layer = {
         k: v
         for k, v in (
             ("max_turns", max_iterations),
-            ("stream", stream),
-            ("max_tool_failures", max_tool_failures),
+            ("stream", options.stream),
+            ("max_tool_failures", options.max_tool_failures),
         )
         if v is not None
     }
     if agent_layer:
         overrides["agent"] = agent_layer
-    if enabled_toolsets is not None:
-        overrides["tools"] = {"toolsets": list(enabled_toolsets)}
-    if fallback_providers is not None:
-        overrides["fallback_providers"] = list(fallback_providers)
-    if mcp_servers:
-        overrides["mcp_servers"] = dict(mcp_servers)
+    if options.enabled_toolsets is not None:
+        overrides["tools"] = {"toolsets": list(options.enabled_toolsets)}
+    if options.fallback_providers is not None:
+        overrides["fallback_providers"] = list(options.fallback_providers)
+    if options.mcp_servers:
+        overrides["mcp_servers"] = dict(options.mcp_servers)
     return overrides
 
 
-def init_agent(
-    agent: AIAgent,
-    *,
-    model: str | None,
-    provider: str | None,
-    base_url: str | None,
-    api_key: str | None,
-    api_mode: str | None,
-    max_iterations: int | None,
-    enabled_toolsets: list[str] | None,
-    session_id: str | None,
-    home: str | os.PathLike[str] | None,
-    stream: bool | None,
-    fallback_providers: list[dict[str, Any]] | None,
-    source: str,
-    yolo: bool,
-    denied_tools: list[str] | None,
-    http_transport: Any,
-    workspace: str | os.PathLike[str] | None,
-    max_tool_failures: int | None,
-    callbacks: dict[str, Any],
-    mcp_servers: dict[str, dict[str, Any]] | None = None,
-    mcp_connections: McpConnections | None = None,
-    workdir: str | os.PathLike[str] | None = None,
-    sandbox: Sandbox | None = None,
-    provider_health: ProviderHealth | None = None,
-    file_access: FileAccess | None = None,
-    allowed_tools: list[str] | None = None,
-    memory: MemoryStore | None = None,
-) -> None:
-    """Wire a new AIAgent: settings, provider runtime, adapter, tools, callbacks and session.
-
-    `memory`: where its memory files and facts are, when not the home's or its workspace's (a gateway
-    channel's own).
-    """
-    from mibyan.agent.callbacks import Callbacks
+def init_agent(agent: AIAgent, options: AgentOptions) -> None:
+    """Wire a new AIAgent: settings, provider runtime, adapter, tools, callbacks and session."""
     from mibyan.agent.context_engine import load_engine
     from mibyan.agent.hooks import Hooks
     from mibyan.agent.memory import MemoryStore
@@ -117,36 +74,30 @@ def init_agent(
     from mibyan.tools.approval import ApprovalPolicy
     from model_tools import check_tool_selection, get_tool_definitions
 
-    agent.callbacks = Callbacks.from_kwargs(callbacks)
-    overrides = settings_overrides(
-        model=model,
-        provider=provider,
-        max_iterations=max_iterations,
-        stream=stream,
-        enabled_toolsets=enabled_toolsets,
-        fallback_providers=fallback_providers,
-        max_tool_failures=max_tool_failures,
-        mcp_servers=mcp_servers,
-    )
-    home_path = Path(home) if home is not None else mibyan_home()
+    # the agent's own copy: a caller may change a callback on it (options are shared by many agents)
+    agent.callbacks = dataclasses.replace(options.callbacks)
+    overrides = settings_overrides(options)
+    home_path = Path(options.home) if options.home is not None else mibyan_home()
+    workdir = options.workdir
     # the project whose `.mibyan/config.yaml` applies is the one the agent works in
     project = Path(workdir).resolve() if workdir is not None else None
     settings = load_settings(home=home_path, cwd=project, overrides=overrides)
     agent.settings = settings
     agent.home = home_path
-    agent.workspace = Path(workspace) if workspace is not None else None
+    agent.workspace = Path(options.workspace) if options.workspace is not None else None
     agent.persona_dir = agent.workspace or home_path
-    agent.workdir = Path(workdir).resolve() if workdir is not None else None
-    agent.session_scope = None
+    agent.workdir = project
+    agent.session_scope = options.session_scope
     agent.session_lock = None
+    memory = options.memory
     agent.memory = memory if memory is not None else MemoryStore(home_path, folder=agent.workspace)
     runtime = resolve_runtime(
         settings,
         provider=settings.model.provider,
         model=settings.model.name,
-        base_url=base_url,
-        api_key=api_key,
-        api_mode=api_mode,
+        base_url=options.base_url,
+        api_key=options.api_key,
+        api_mode=options.api_mode,
         env=os.environ,
         home=home_path,
     )
@@ -154,44 +105,46 @@ def init_agent(
         runtime=runtime,
         primary=runtime,
         adapter=adapter_for(runtime.api_mode, settings),
-        health=provider_health or ProviderHealth(),
-        shared_health=provider_health is not None,
-        http_transport=http_transport,
+        health=options.provider_health or ProviderHealth(),
+        shared_health=options.provider_health is not None,
+        http_transport=options.http_transport,
     )
     agent._signal = InterruptSignal()
     agent._estimator = TokenEstimator()
     agent._window = context_window(settings, runtime, home_path)
     agent._context_engine = load_engine(settings, agent._window, agent._estimator, make_summarizer(agent))
     check_tool_selection(settings.tools.toolsets, allow=settings.tools.allow, deny=settings.tools.deny)
-    agent.sandbox = sandbox or make_sandbox(
-        settings, home_path, agent.callbacks, source=source, workdir=agent.workdir
+    agent.sandbox = options.sandbox or make_sandbox(
+        settings, home_path, agent.callbacks, source=options.source, workdir=agent.workdir
     )
-    denied = [*settings.tools.deny, *(denied_tools or [])]
-    agent.file_access = file_access
+    denied = [*settings.tools.deny, *(options.denied_tools or [])]
+    agent.file_access = options.file_access
     schemas = get_tool_definitions(settings.tools.toolsets, allow=settings.tools.allow, deny=denied)
-    only = frozenset(allowed_tools) if allowed_tools is not None else None
+    only = frozenset(options.allowed_tools) if options.allowed_tools is not None else None
     agent.tools = ToolRuntime(
         schemas=[schema for schema in schemas if only is None or schema.name in only],
         approvals=ApprovalPolicy(
             ask=agent.callbacks.approval_callback,
-            yolo=yolo,
+            yolo=options.yolo,
             always=list(settings.approvals.always),
             timeout=settings.approvals.timeout,
             save_always=lambda key: remember_approval(home_path, key),
         ),
         hooks=Hooks.from_config(settings.hooks),
     )
-    # a caller that answers first (the gateway) turns this off and calls compress_if_needed() itself
-    agent.compress_between_turns = True
-    agent.delegation_depth = 0
+    if options.unasked is not None:
+        agent.tools.approvals.unasked = options.unasked
+    agent.tools.approvals.subagents_ask = options.subagents_ask
+    agent.compress_between_turns = options.compress_between_turns
+    agent.delegation_depth = options.delegation_depth
     agent._children = set()
     agent._children_lock = threading.Lock()
     agent.prompt = PromptState(skill_matcher=make_skill_matcher(settings))
     agent._running = threading.Lock()
     agent._closed = False
-    agent.tools.mcp = start_mcp(settings, agent, mcp_connections, deny=denied, only=only)
+    agent.tools.mcp = start_mcp(settings, agent, options.mcp_connections, deny=denied, only=only)
     try:
-        open_session(agent, session_id, source=source)
+        open_session(agent, options.session_id, source=options.source)
     except BaseException:
         agent.tools.close()  # the MCP servers it started
         raise

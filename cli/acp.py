@@ -9,13 +9,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import logging
 import os
 import signal
 import sys
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 from mibyan.core.exit_codes import EXIT_ERROR, EXIT_OK, EXIT_USAGE
+
+if TYPE_CHECKING:
+    from mibyan.agent.options import AgentOptions
 
 
 def _check_configuration(args: argparse.Namespace) -> None:
@@ -42,14 +46,15 @@ def run_acp(args: argparse.Namespace) -> int:
     from mibyan.editors.stdio import reserve_stdout
 
     protocol_fd = reserve_stdout()
-    from mibyan.cli.chat import toolsets_of
+    from mibyan.cli.chat import options_of
     from mibyan.cli.logs import setup_logging
     from mibyan.config.paths import mibyan_home, prepare_home
     from mibyan.core.errors import ConfigError, MibyanError
     from mibyan.core.sanitize import visible
 
     try:
-        args.toolsets = toolsets_of(args)
+        # every session's agent: these options, in the session's folder (editors/server.py)
+        options = dataclasses.replace(options_of(args), home=mibyan_home())
         prepare_home(mibyan_home())
         _check_configuration(args)
     except ConfigError as exc:
@@ -63,29 +68,17 @@ def run_acp(args: argparse.Namespace) -> int:
     for handler in logging.getLogger("mibyan").handlers:
         logging.getLogger().addHandler(handler)
     logging.getLogger().setLevel(logging.WARNING)
-    return asyncio.run(_serve(args, protocol_fd))
+    return asyncio.run(_serve(options, protocol_fd))
 
 
-async def _serve(args: argparse.Namespace, protocol_fd: int) -> int:
+async def _serve(options: AgentOptions, protocol_fd: int) -> int:
     from acp.agent.connection import AgentSideConnection
     from acp.interfaces import Agent
 
-    from mibyan.config.paths import mibyan_home
-    from mibyan.editors.server import AgentOptions, MibyanEditorAgent
+    from mibyan.editors.server import MibyanEditorAgent
     from mibyan.editors.stdio import StdioTransport
 
-    agent = MibyanEditorAgent(
-        AgentOptions(
-            home=mibyan_home(),
-            model=args.model,
-            provider=args.provider,
-            base_url=args.base_url,
-            api_mode=args.api_mode,
-            max_turns=args.max_turns,
-            toolsets=args.toolsets,
-            yolo=args.yolo,
-        )
-    )
+    agent = MibyanEditorAgent(options)
     transport = StdioTransport(sys.stdin.fileno(), protocol_fd)
     # the SDK's Agent protocol lists every optional method; the router asks for the ones it finds
     connection = AgentSideConnection(cast("Agent", agent), transport, listening=False)

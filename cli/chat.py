@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import signal
@@ -18,6 +19,7 @@ from mibyan.core.sanitize import for_stream, visible, visible_json
 if TYPE_CHECKING:
     from pathlib import Path
 
+    from mibyan.agent.options import AgentOptions
     from mibyan.agent.session_lock import SessionLock
     from mibyan.tools.mcp_connections import McpConnections
     from run_agent import AIAgent
@@ -116,6 +118,23 @@ def _session_lock(home: Path, session_id: str, held: SessionLock | None) -> Sess
     return held if held is not None and held.path == lock.path else lock
 
 
+def options_of(args: argparse.Namespace) -> AgentOptions:
+    """The agent options the command line gives (`mibyan chat`, `mibyan acp`); ConfigError for an unknown
+    toolset. What it leaves out comes from the configuration."""
+    from mibyan.agent.options import AgentOptions
+
+    return AgentOptions(
+        model=args.model,
+        provider=args.provider,
+        base_url=args.base_url,
+        api_mode=args.api_mode,
+        max_iterations=args.max_turns,
+        enabled_toolsets=toolsets_of(args),
+        stream=False if getattr(args, "json", False) else None,
+        yolo=args.yolo,
+    )
+
+
 def _build(
     args: argparse.Namespace,
     callbacks: dict[str, Any],
@@ -123,22 +142,19 @@ def _build(
     model: str | None,
     mcp_connections: McpConnections | None,
 ) -> AIAgent:
+    from mibyan.agent.callbacks import Callbacks
     from run_agent import AIAgent
 
-    toolsets = toolsets_of(args)
+    options = options_of(args)
     return AIAgent(
-        model=model or args.model,
-        provider=args.provider,
-        base_url=args.base_url,
-        api_mode=args.api_mode,
-        max_iterations=args.max_turns,
-        enabled_toolsets=toolsets,
-        stream=False if getattr(args, "json", False) else None,
-        session_id=session_id,
-        source="cli",
-        yolo=args.yolo,
-        mcp_connections=mcp_connections,
-        **{**prompt_callbacks(), **callbacks},
+        options=dataclasses.replace(
+            options,
+            model=model or options.model,
+            session_id=session_id,
+            source="cli",
+            mcp_connections=mcp_connections,
+            callbacks=Callbacks.from_kwargs({**prompt_callbacks(), **callbacks}),
+        )
     )
 
 

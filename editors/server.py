@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -38,6 +38,8 @@ from acp.schema import (
     SessionListCapabilities,
 )
 
+from mibyan.agent.options import AgentOptions
+from mibyan.config.paths import mibyan_home
 from mibyan.core.errors import MibyanError
 from mibyan.core.sanitize import visible
 from mibyan.editors import updates
@@ -59,20 +61,6 @@ _STOP_REASONS = {
     "budget_exhausted": "max_turn_requests",
     "interrupted": "cancelled",
 }
-
-
-@dataclass(frozen=True)
-class AgentOptions:
-    """What the command line says about every session's agent (the rest comes from the configuration)."""
-
-    home: Path
-    model: str | None = None
-    provider: str | None = None
-    base_url: str | None = None
-    api_mode: str | None = None
-    max_turns: int | None = None
-    toolsets: list[str] | None = None
-    yolo: bool = False
 
 
 def _checked_cwd(cwd: str) -> Path:
@@ -119,7 +107,10 @@ class MibyanEditorAgent:
     session/cancel."""
 
     def __init__(self, options: AgentOptions) -> None:
+        """`options`: what the command line says about every session's agent (each is built in its
+        session's folder, with the editor's servers and callbacks: _build_agent)."""
         self._options = options
+        self._home = Path(options.home) if options.home is not None else mibyan_home()
         self._sessions: dict[str, EditorSession] = {}
         self._building = asyncio.Lock()  # agents are built one at a time: each in its own folder
         self._capabilities = ClientCapabilities()
@@ -206,7 +197,7 @@ class MibyanEditorAgent:
         """Only the editor's own sessions load: not a chat's, a gateway channel's or a subagent's."""
         from agent_state import SessionStore
 
-        store = SessionStore.open(self._options.home)
+        store = SessionStore.open(self._home)
         try:
             row = store.get_session(session_id)
         finally:
@@ -230,7 +221,7 @@ class MibyanEditorAgent:
 
         offset = int(cursor) if cursor and cursor.isdigit() else 0
         where, params = ("AND cwd = ?", (cwd,)) if cwd else ("", ())
-        with SessionStore.open(self._options.home) as store:
+        with SessionStore.open(self._home) as store:
             rows = store.query(
                 "SELECT id, cwd, title, updated_at FROM sessions WHERE source = 'acp' AND parent_id IS NULL "
                 f"{where} ORDER BY updated_at DESC LIMIT ? OFFSET ?",
@@ -295,28 +286,23 @@ class MibyanEditorAgent:
         files: EditorFiles | None,
         editor_mcp: list[Any] | None,
     ) -> AIAgent:
+        from mibyan.agent.callbacks import Callbacks
         from mibyan.config.loader import load_settings
         from mibyan.editors.servers import editor_servers
         from run_agent import AIAgent
 
-        options = self._options
-        configured = set(load_settings(home=options.home, cwd=cwd).mcp_servers) if editor_mcp else set()
+        configured = set(load_settings(home=self._home, cwd=cwd).mcp_servers) if editor_mcp else set()
         servers, _ = editor_servers(editor_mcp, configured)
         return AIAgent(
-            model=options.model,
-            provider=options.provider,
-            base_url=options.base_url,
-            api_mode=options.api_mode,
-            max_iterations=options.max_turns,
-            enabled_toolsets=options.toolsets,
-            session_id=session_id,
-            home=options.home,
-            source="acp",
-            yolo=options.yolo,
-            workdir=cwd,
-            file_access=files,
-            mcp_servers=servers or None,
-            **bridge.callbacks(),
+            options=dataclasses.replace(
+                self._options,
+                session_id=session_id,
+                source="acp",
+                workdir=cwd,
+                file_access=files,
+                mcp_servers=servers or None,
+                callbacks=Callbacks.from_kwargs(bridge.callbacks()),
+            )
         )
 
     def _session(self, session_id: str) -> EditorSession:

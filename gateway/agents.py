@@ -18,10 +18,11 @@ import os
 import re
 import subprocess
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from mibyan.agent.options import AgentOptions
 from mibyan.agent.providers import ProviderHealth
 from mibyan.config.gateway import GatewayAgent
 from mibyan.config.loader import AgentSettings
@@ -238,24 +239,19 @@ class AgentInstance:
         own = channel_memory_of(self.home, channel)
         return MemoryStore(self.home, folder=self.workspace, channel=own, keeps=not one_off)
 
-    def build(
-        self, *, session_id: str | None, unasked: str, channel: str, one_off: bool, **callbacks: Any
-    ) -> AIAgent:
-        """An AIAgent for one run on one channel (its key; `session_id` continues its session).
+    def options(self) -> AgentOptions:
+        """What every run of the agent is built with; a run adds its session and channel (see build).
 
-        Dangerous commands are denied (no approval callback, no yolo) unless the caller passes an
-        `approval_callback`; `unasked` says why in the refusal's result.
+        Dangerous commands are denied (no approval callback, no yolo) unless a run's callbacks include an
+        `approval_callback`; its subagents are asked about where it is (the channel), one at a time.
         """
-        from run_agent import AIAgent
-
         tools = self.entry.tools
-        agent = AIAgent(
+        return AgentOptions(
             model=self.entry.model,
             provider=self.entry.provider,
             max_iterations=self.entry.max_iterations,
             max_tool_failures=self.entry.max_tool_failures,
             enabled_toolsets=tools.toolsets,
-            session_id=session_id,
             home=self.home,
             source="gateway",
             yolo=False,
@@ -265,15 +261,33 @@ class AgentInstance:
             allowed_tools=list(tools.allow) if tools.allow else None,
             workspace=self.workspace,
             workdir=self.workdir,
-            sandbox=self.sandbox(),
             provider_health=self.health,
-            mcp_connections=self.mcp_connections(),
-            memory=self.memory_for(channel, one_off=one_off),
-            **callbacks,
+            # the runner compresses after it has delivered the answer (its _compress_after_delivery)
+            compress_between_turns=False,
+            subagents_ask=True,
         )
-        agent.tools.approvals.unasked = unasked
-        agent.tools.approvals.subagents_ask = True  # its subagents are asked about in the channel too
-        return agent
+
+    def build(
+        self, *, session_id: str | None, unasked: str, channel: str, one_off: bool, **callbacks: Any
+    ) -> AIAgent:
+        """An AIAgent for one run on one channel (its key; `session_id` continues its session), whose
+        session_search sees that channel's sessions and no other's; `unasked` says why a dangerous
+        command was refused without asking, in the refusal's result."""
+        from mibyan.agent.callbacks import Callbacks
+        from run_agent import AIAgent
+
+        return AIAgent(
+            options=replace(
+                self.options(),
+                session_id=session_id,
+                session_scope=channel,
+                unasked=unasked,
+                sandbox=self.sandbox(),
+                mcp_connections=self.mcp_connections(),
+                memory=self.memory_for(channel, one_off=one_off),
+                callbacks=Callbacks.from_kwargs(callbacks),
+            )
+        )
 
     def mcp_connections(self) -> McpConnections:
         """The MCP servers all of this agent's runs share: started once (with its first run, in the

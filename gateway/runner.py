@@ -352,8 +352,6 @@ class Gateway:
                 session_id=session_id, unasked=unasked, channel=entry.channel, one_off=one_off, **callbacks
             ),
         )
-        agent.compress_between_turns = False  # after delivery instead: see _compress_after_delivery
-        agent.session_scope = entry.channel  # session_search: this channel's sessions and no other's
         self._running.add(agent)
         try:
             if not one_off:

@@ -60,7 +60,8 @@ def _tasks(args: dict[str, Any]) -> list[dict[str, str]]:
 
 
 def _make_child(parent: AgentCore, label: str) -> AIAgent:
-    from run_agent import AIAgent
+    from mibyan.agent.callbacks import Callbacks
+    from run_agent import AgentOptions, AIAgent
 
     delegation = parent.settings.delegation
     depth = parent.delegation_depth + 1
@@ -79,32 +80,36 @@ def _make_child(parent: AgentCore, label: str) -> AIAgent:
         parent.callbacks.emit("status_callback", kind, f"{label}: {message}")
 
     child = AIAgent(
-        model=runtime.model,
-        provider=runtime.provider,
-        base_url=runtime.base_url,
-        api_key=runtime.api_key,
-        api_mode=runtime.api_mode,
-        max_iterations=delegation.max_iterations,
-        home=parent.home,
-        enabled_toolsets=toolsets,
-        source="subagent",
-        yolo=parent.tools.approvals.yolo,
-        denied_tools=denied,
-        # none its parent is not offered, its MCP servers' included: a denied tool stays denied
-        allowed_tools=[schema.name for schema in parent.tools.schemas],
-        tool_progress_callback=progress,
-        status_callback=status,
-        approval_callback=parent.tools.approvals.answer_from_session,
-        workspace=parent.workspace,
-        memory=parent.memory,  # a gateway channel's subagent remembers for that channel, not for all
-        workdir=parent.workdir,
-        sandbox=parent.sandbox,
-        # the parent's MCP servers, not new ones: the child uses its connections, the parent closes them
-        mcp_connections=parent.tools.mcp.connections if parent.tools.mcp is not None else None,
+        options=AgentOptions(
+            model=runtime.model,
+            provider=runtime.provider,
+            base_url=runtime.base_url,
+            api_key=runtime.api_key,
+            api_mode=runtime.api_mode,
+            max_iterations=delegation.max_iterations,
+            home=parent.home,
+            enabled_toolsets=toolsets,
+            source="subagent",
+            yolo=parent.tools.approvals.yolo,
+            denied_tools=denied,
+            # none its parent is not offered, its MCP servers' included: a denied tool stays denied
+            allowed_tools=[schema.name for schema in parent.tools.schemas],
+            workspace=parent.workspace,
+            memory=parent.memory,  # a gateway channel's subagent remembers for that channel, not for all
+            workdir=parent.workdir,
+            sandbox=parent.sandbox,
+            # the parent's MCP servers, not new ones: the child uses its connections, the parent closes them
+            mcp_connections=parent.tools.mcp.connections if parent.tools.mcp is not None else None,
+            session_scope=parent.session_scope,
+            delegation_depth=depth,
+            callbacks=Callbacks(
+                tool_progress_callback=progress,
+                status_callback=status,
+                approval_callback=parent.tools.approvals.answer_from_session,
+            ),
+        )
     )
     parent.tools.approvals.for_subagent(child.tools.approvals)
-    child.session_scope = parent.session_scope
-    child.delegation_depth = depth
     child.session.parent_id = parent.session.session_id
     return child
 
