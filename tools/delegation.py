@@ -15,12 +15,13 @@ parent was not given.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
 from mibyan.agent.errors import MibyanError, ToolError
-from mibyan.tools import context
+from mibyan.tools.context import RunContext
 from mibyan.tools.registry import tool
 
 if TYPE_CHECKING:
@@ -43,12 +44,12 @@ class ChildOutcome:
     error: str | None = None
 
 
-def _tasks(args: dict[str, Any]) -> list[dict[str, str]]:
-    tasks = args.get("tasks") or []
-    if args.get("goal"):
-        tasks = [{"goal": args["goal"], "context": args.get("context") or ""}, *tasks]
+def _tasks(goal: str | None, context: str | None, tasks: list[Any] | None) -> list[dict[str, str]]:
+    given: list[Any] = list(tasks or [])
+    if goal:
+        given = [{"goal": goal, "context": context or ""}, *given]
     cleaned = []
-    for task in tasks:
+    for task in given:  # the model may send a task as its goal alone, a string
         if isinstance(task, str):
             task = {"goal": task}
         if not isinstance(task, dict) or not str(task.get("goal") or "").strip():
@@ -59,9 +60,8 @@ def _tasks(args: dict[str, Any]) -> list[dict[str, str]]:
     return cleaned
 
 
-def _make_child(parent: AgentCore, label: str) -> AIAgent:
-    from run_agent import AIAgent
-
+def _make_child(parent: AgentCore, new_agent: Callable[..., AIAgent], label: str) -> AIAgent:
+    """A subagent of `parent`, made by the factory the parent passed (`RunContext.new_agent`)."""
     delegation = parent.settings.delegation
     depth = parent.delegation_depth + 1
     denied = [name for name in _ALWAYS_DENIED if name not in delegation.allow_tools]
@@ -78,7 +78,7 @@ def _make_child(parent: AgentCore, label: str) -> AIAgent:
     def status(kind: str, message: str) -> None:
         parent.callbacks.emit("status_callback", kind, f"{label}: {message}")
 
-    child = AIAgent(
+    child = new_agent(
         model=runtime.model,
         provider=runtime.provider,
         base_url=runtime.base_url,
@@ -135,15 +135,17 @@ def _report(outcome: ChildOutcome, cap: int) -> str:
     )
 
 
-def run_delegation(parent: AgentCore, args: dict[str, Any], add_usage: Any) -> str:
+def run_delegation(ctx: RunContext, tasks: list[dict[str, str]]) -> str:
     """Run the tasks of one delegate_task call and return the reports for the model."""
+    parent = ctx.require_agent("delegate_task")
+    if ctx.new_agent is None:
+        raise ToolError("delegate_task needs a way to make subagents, and this agent was given none")
     delegation = parent.settings.delegation
-    tasks = _tasks(args)
     outcomes = [ChildOutcome(label=f"subagent {i + 1}", goal=t["goal"]) for i, t in enumerate(tasks)]
-    children = [_make_child(parent, outcome.label) for outcome in outcomes]
+    children = [_make_child(parent, ctx.new_agent, outcome.label) for outcome in outcomes]
     for child in children:
         parent.adopt_child(child)
-    wake = context.waker()
+    wake = ctx.waker()
     try:
         with ThreadPoolExecutor(
             min(delegation.max_concurrent, len(tasks)), thread_name_prefix="mibyan-child"
@@ -154,11 +156,10 @@ def run_delegation(parent: AgentCore, args: dict[str, Any], add_usage: Any) -> s
             ]
             for future in futures:
                 future.add_done_callback(lambda _f: wake())
-            context.wait_or_stop(lambda: all(f.done() for f in futures), delegation.timeout)
+            ctx.wait_or_stop(lambda: all(f.done() for f in futures), delegation.timeout)
             if not all(f.done() for f in futures):
-                reason = (
-                    "interrupted" if context.stop_requested() else f"timed out after {delegation.timeout:g} s"
-                )
+                late = f"timed out after {delegation.timeout:g} s"
+                reason = "interrupted" if ctx.stop_requested() else late
                 for child, future in zip(children, futures, strict=True):
                     if not future.done():
                         child.interrupt()
@@ -169,7 +170,7 @@ def run_delegation(parent: AgentCore, args: dict[str, Any], add_usage: Any) -> s
             child.close()
     for outcome in outcomes:
         if outcome.result is not None:
-            add_usage(outcome.result["usage"])
+            ctx.add_usage(outcome.result["usage"])
     return "\n\n".join(_report(outcome, delegation.summary_chars) for outcome in outcomes)
 
 
@@ -187,7 +188,10 @@ class DelegatedTask(TypedDict):
 
 @tool(toolset="core")
 def delegate_task(
-    goal: str | None = None, context: str | None = None, tasks: list[DelegatedTask] | None = None
+    ctx: RunContext,
+    goal: str | None = None,
+    context: str | None = None,
+    tasks: list[DelegatedTask] | None = None,
 ) -> str:
     """Hand work to subagents: each gets a fresh context and its own tools, and reports back when done.
 
@@ -200,4 +204,4 @@ def delegate_task(
         context: what the subagent needs to know for that goal (files, constraints, what done looks like).
         tasks: several tasks to run at once, each with its goal and (optional) context.
     """
-    raise ToolError("delegate_task runs inside an agent session")
+    return run_delegation(ctx, _tasks(goal, context, list(tasks or [])))
