@@ -203,7 +203,7 @@ class ToolExecutorMixin(AgentBase):
         assert plan.spec is not None and plan.args is not None
         spec, args, task_id = plan.spec, plan.args, turn.task_id
         bound = self._run_context(plan, turn)
-        # current on this thread too, for the transports the call reaches through a callback (editors/)
+        # current on this thread too, for the editor's permission question (editors/bridge.py)
         token = context.bind(bound)
         try:
             reason = self.tools.hooks.before_tool(plan.name, args, task_id)

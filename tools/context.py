@@ -6,9 +6,9 @@ registry leaves it out of the schema and the executor passes it. A long-running 
 web_fetch) waits through `ctx.wait_or_stop`, so an interrupt reaches it at once. Nothing in the tool
 layer reads the run from anywhere else.
 
-The executor also makes the context current on the call's thread for the transports outside the tool
-layer that a tool's call reaches through a callback (an editor's permission question and file
-requests, editors/), which the approval callback's arguments do not tell which call they are about.
+The executor also makes the context current on the call's thread for the one transport outside the
+tool layer that needs the call and is not handed it: an editor's permission question (editors/), which
+the approval callback's arguments do not tell which call it is about.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ class FileAccess(Protocol):
     """Where the file tools read and write text instead of the disk (an editor's open buffers, over ACP).
 
     The path policy has judged each path before it is handed here: `path` is absolute and resolved.
+    `signal` is the tool call's stop signal: set, the wait for the text ends at once.
 
     Attributes:
         reads: read_text goes through this (else the disk is read).
@@ -44,11 +45,11 @@ class FileAccess(Protocol):
     reads: bool
     writes: bool
 
-    def read_text(self, path: Path) -> str:
+    def read_text(self, path: Path, signal: InterruptSignal) -> str:
         """The file's whole text; raises ToolError when it cannot be read."""
         ...
 
-    def write_text(self, path: Path, text: str) -> None:
+    def write_text(self, path: Path, text: str, signal: InterruptSignal) -> None:
         """Replace the file's text; raises ToolError when it cannot be written."""
         ...
 
@@ -158,7 +159,7 @@ _CURRENT: ContextVar[RunContext | None] = ContextVar("mibyan_run_context", defau
 
 
 def current() -> RunContext | None:
-    """The call being served on this thread, for the transports outside the tool layer (see above)."""
+    """The call being served on this thread, for the editor's permission question (see above)."""
     return _CURRENT.get()
 
 
@@ -172,25 +173,6 @@ def unbind(token: object) -> None:
 
 
 def stop_requested() -> bool:
-    """Whether the call being served on this thread is asked to stop (for the transports)."""
+    """Whether the call being served on this thread is asked to stop (for the editor's question)."""
     context = _CURRENT.get()
     return context is not None and context.signal.is_set()
-
-
-def wait_or_stop(done: Callable[[], bool], timeout: float | None) -> None:
-    """Wait until `done()`, the timeout, or an interrupt of the current call (for the transports)."""
-    context = _CURRENT.get()
-    if context is None:
-        import time
-
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while not done() and (deadline is None or time.monotonic() < deadline):
-            time.sleep(0.02)
-        return
-    context.signal.wait_until(done, timeout)
-
-
-def waker() -> Callable[[], None]:
-    """A function that wakes the current call's `wait_or_stop` (for the transports)."""
-    context = _CURRENT.get()
-    return context.signal.notify if context is not None else (lambda: None)

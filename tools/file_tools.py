@@ -22,7 +22,7 @@ from typing import Any
 
 from mibyan.agent.errors import ToolError
 from mibyan.tools.approval import Verdict
-from mibyan.tools.context import FileAccess, RunContext
+from mibyan.tools.context import RunContext
 from mibyan.tools.path_policy import Access, PathJudgement, judge_path
 from mibyan.tools.registry import tool
 from mibyan.tools.safe_write import atomic_write
@@ -97,15 +97,17 @@ def _resolve(bound: RunContext, path: str, access: Access = "read") -> Path:
 _MAX_READ_BYTES = 20 * 1024 * 1024
 
 
-def _read_text(files: FileAccess | None, target: Path) -> str:
+def _read_text(ctx: RunContext, target: Path) -> str:
+    files = ctx.files
     if files is not None and files.reads:
-        return files.read_text(target)
+        return files.read_text(target, ctx.signal)
     return target.read_text(encoding="utf-8")
 
 
-def _write_text(files: FileAccess | None, target: Path, text: str) -> None:
+def _write_text(ctx: RunContext, target: Path, text: str) -> None:
+    files = ctx.files
     if files is not None and files.writes:
-        files.write_text(target, text)
+        files.write_text(target, text, ctx.signal)
     else:
         atomic_write(target, text.encode("utf-8"))
 
@@ -146,7 +148,7 @@ def read_file(ctx: RunContext, path: str, offset: int = 1, limit: int = 2000) ->
     files = ctx.files
     if not target.exists():
         if files is not None and files.reads:  # an editor's new buffer, not saved yet
-            return _numbered(files.read_text(target), offset, limit)
+            return _numbered(files.read_text(target, ctx.signal), offset, limit)
         raise ToolError(f"no such file: {path}")
     if not target.is_file():  # a pipe would block the read until the tool times out
         raise ToolError(f"{path} is not a regular file (a device, socket or pipe)")
@@ -159,7 +161,7 @@ def read_file(ctx: RunContext, path: str, offset: int = 1, limit: int = 2000) ->
         )
     if files is not None and files.reads:
         # the editor's buffer, with the changes not saved yet; the policy above judged the path all the same
-        return _numbered(files.read_text(target), offset, limit)
+        return _numbered(files.read_text(target, ctx.signal), offset, limit)
     start = max(offset, 1) - 1
     chosen: list[str] = []
     total = 0
@@ -192,7 +194,7 @@ def write_file(ctx: RunContext, path: str, content: str) -> str:
         raise ToolError(f"{path} is a directory")
     if target.exists() and not target.is_file():
         raise ToolError(f"{path} is not a regular file (a device, socket or pipe); it is left alone")
-    _write_text(ctx.files, target, content)
+    _write_text(ctx, target, content)
     return f"wrote {len(content.encode())} bytes to {path}"
 
 
@@ -229,7 +231,7 @@ def patch(ctx: RunContext, path: str, old: str, new: str) -> str:
     if target.exists() and not target.is_file():
         raise ToolError(f"{path} is not a regular file (a device, socket or pipe); it is left alone")
     try:
-        original = _read_text(ctx.files, target)
+        original = _read_text(ctx, target)
     except FileNotFoundError:
         raise ToolError(f"no such file: {path}; use write_file to create it") from None
     count = original.count(old) if old else 0
@@ -237,7 +239,7 @@ def patch(ctx: RunContext, path: str, old: str, new: str) -> str:
         where = "does not appear" if count == 0 else f"appears {count} times"
         raise ToolError(f"the old text {where} in {path}; it must match exactly once")
     updated = original.replace(old, new, 1)
-    _write_text(ctx.files, target, updated)
+    _write_text(ctx, target, updated)
     diff = difflib.unified_diff(
         original.splitlines(keepends=True),
         updated.splitlines(keepends=True),
