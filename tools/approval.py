@@ -204,10 +204,11 @@ class ApprovalPolicy:
         if self.subagents_ask:
             child._ask = self._ask
 
-    def answer_from_session(self, command: str, reason: str) -> Answer:
+    def answer_from_session(self, command: str, reason: str, *, policy: JudgePolicy | None = None) -> Answer:
         """An approval callback for subagents: yes for what this user approved for the session, else no.
 
-        Running outside the sandbox is never approved on the user's behalf.
+        Running outside the sandbox is never approved on the user's behalf. `policy` is what the
+        subagent's commands are judged for (its parent's run: the same home, folders and sandbox).
         """
         if reason.startswith(OUTSIDE_SANDBOX_REASON):
             return "deny"
@@ -219,7 +220,7 @@ class ApprovalPolicy:
                 # an MCP tool's call (the reason is mibyan's own, never a command's): approved if it was
                 return "once" if covered(asked.key, self._approved) else "deny"
         # the same judgement as the question's, so a file tool's question cannot borrow a command's grant
-        verdict = classify_command(command)
+        verdict = classify_command(command, policy=policy)
         approved = verdict.needs_approval and covered(verdict.key, self._approved)
         return "once" if approved and verdict.reason == reason else "deny"
 

@@ -18,10 +18,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
 from mibyan.agent.errors import MibyanError, ToolError
 from mibyan.tools.context import RunContext
+from mibyan.tools.judge_policy import JudgePolicy
 from mibyan.tools.registry import tool
 
 if TYPE_CHECKING:
@@ -60,8 +62,11 @@ def _tasks(goal: str | None, context: str | None, tasks: list[Any] | None) -> li
     return cleaned
 
 
-def _make_child(parent: AgentCore, new_agent: Callable[..., AIAgent], label: str) -> AIAgent:
-    """A subagent of `parent`, made by the factory the parent passed (`RunContext.new_agent`)."""
+def _make_child(
+    parent: AgentCore, new_agent: Callable[..., AIAgent], label: str, policy: JudgePolicy
+) -> AIAgent:
+    """A subagent of `parent`, made by the factory the parent passed (`RunContext.new_agent`); its
+    commands' questions are answered from the parent's session, judged for `policy` (the parent's)."""
     delegation = parent.settings.delegation
     depth = parent.delegation_depth + 1
     denied = [name for name in _ALWAYS_DENIED if name not in delegation.allow_tools]
@@ -94,7 +99,7 @@ def _make_child(parent: AgentCore, new_agent: Callable[..., AIAgent], label: str
         allowed_tools=[schema.name for schema in parent.tools.schemas],
         tool_progress_callback=progress,
         status_callback=status,
-        approval_callback=parent.tools.approvals.answer_from_session,
+        approval_callback=partial(parent.tools.approvals.answer_from_session, policy=policy),
         workspace=parent.workspace,
         memory=parent.memory,  # a gateway channel's subagent remembers for that channel, not for all
         workdir=parent.workdir,
@@ -142,7 +147,8 @@ def run_delegation(ctx: RunContext, tasks: list[dict[str, str]]) -> str:
         raise ToolError("delegate_task needs a way to make subagents, and this agent was given none")
     delegation = parent.settings.delegation
     outcomes = [ChildOutcome(label=f"subagent {i + 1}", goal=t["goal"]) for i, t in enumerate(tasks)]
-    children = [_make_child(parent, ctx.new_agent, outcome.label) for outcome in outcomes]
+    policy = ctx.judge_policy()
+    children = [_make_child(parent, ctx.new_agent, outcome.label, policy) for outcome in outcomes]
     for child in children:
         parent.adopt_child(child)
     wake = ctx.waker()
