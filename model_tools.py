@@ -13,6 +13,7 @@ from typing import Any
 
 from mibyan.core.errors import ConfigError, ToolError, ToolFailed
 from mibyan.tools import builtin  # noqa: F401  (registers the built-in tools)
+from mibyan.tools.context import RunContext
 from mibyan.tools.registry import ToolSpec, get_tool, select_tools
 from mibyan.tools.schema import ToolSchema
 
@@ -89,14 +90,14 @@ def check_arguments(spec: ToolSpec, args: dict[str, Any]) -> None:
         raise ToolError(f"missing required argument(s): {', '.join(missing)}")
 
 
-def run_tool(spec: ToolSpec, args: dict[str, Any], task_id: str | None) -> str:
-    """Call the handler; its failures raise ToolError with a message for the model."""
+def run_tool(spec: ToolSpec, args: dict[str, Any], ctx: RunContext) -> str:
+    """Call the handler in the run `ctx`; its failures raise ToolError with a message for the model."""
     check_arguments(spec, args)
     kwargs = dict(args)
     if spec.wants_task_id:
-        kwargs["task_id"] = task_id
+        kwargs["task_id"] = ctx.task_id
     try:
-        result = spec.handler(**kwargs)
+        result = spec.handler(ctx, **kwargs) if spec.takes_context else spec.handler(**kwargs)
     except ToolError:
         raise
     except Exception as exc:  # a tool boundary: the failure becomes text for the model
@@ -108,18 +109,23 @@ def run_tool(spec: ToolSpec, args: dict[str, Any], task_id: str | None) -> str:
 
 
 def handle_function_call(name: str, args: str | dict[str, Any] | None, task_id: str | None = None) -> str:
-    """Run one tool call and return its result as text; errors come back as "error: ..." text."""
+    """Run one tool call and return its result as text; errors come back as "error: ..." text.
+
+    It runs outside any agent: in the process's working directory, unconfined, for the home of
+    `mibyan_home()`, and only what needs nobody's approval.
+    """
     spec = get_tool(name)
     if spec is None:
         return f"error: unknown tool {name!r}"
+    ctx = RunContext(task_id=task_id)
     try:
         parsed = parse_arguments(args)
         if spec.dangerous is not None:
             # No one to ask here: only an agent (with its approval policy) may run what needs approval.
-            verdict = spec.dangerous(parsed)
+            verdict = spec.dangerous(parsed, ctx)
             if verdict.tier != "safe":
                 raise ToolError(f"not run: {verdict.reason}; this needs the user's approval")
-        return run_tool(spec, parsed, task_id)
+        return run_tool(spec, parsed, ctx)
     except ToolFailed as exc:  # it ran but was stopped: the whole result, as it is
         return str(exc)
     except ToolError as exc:

@@ -22,7 +22,7 @@ from concurrent.futures import wait as wait_for_futures
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from mibyan.agent.adapters.base import Usage
 from mibyan.agent.hooks import Hooks
@@ -33,25 +33,20 @@ from mibyan.agent.turn_state import Continue, Interrupted, TurnState
 from mibyan.core.errors import ToolError, ToolFailed
 from mibyan.tools import context
 from mibyan.tools.approval import ApprovalPolicy
-from mibyan.tools.memory_tools import apply_memory, list_skills, view_skill
+from mibyan.tools.context import RunContext
 from mibyan.tools.registry import ToolSpec, get_tool
 from mibyan.tools.schema import ToolSchema
-from mibyan.tools.session_tools import search_sessions
-from mibyan.tools.todo import apply_todo
 from model_tools import check_arguments, parse_arguments, run_tool
 
 if TYPE_CHECKING:
     from mibyan.tools.mcp_tools import McpToolset
+    from run_agent import AIAgent
 
 log = logging.getLogger("mibyan.tools")
-
-#: An agent-level tool's handler: the call's arguments and its turn in, the result text out.
-AgentLevelTool = Callable[[dict[str, Any], TurnState], str]
 
 _PREVIEW_CHARS = 200
 #: After an interrupt, how long running tools get to stop (kill their processes) before the turn returns.
 _STOP_GRACE = 0.15
-_NO_USER = "No user is available to answer. Continue with your best judgement and say what you assumed."
 
 
 def cap_result(text: str, limit: int) -> str:
@@ -142,65 +137,6 @@ class PlannedCall:
 class ToolExecutorMixin(AgentBase):
     """Runs the tool calls of a reply and appends their results."""
 
-    # -- agent-level tools: they read or change the agent's own state ---------------------------------
-
-    def _agent_level_tool(self, name: str) -> AgentLevelTool | None:
-        handlers = {
-            "session_search": self._session_search,
-            "clarify": self._clarify,
-            "todo": self._todo,
-            "delegate_task": self._delegate,
-            "memory": self._memory,
-            "skills_list": self._skills_list,
-            "skill_view": self._skill_view,
-        }
-        return handlers.get(name)
-
-    def _memory(self, args: dict[str, Any], turn: TurnState) -> str:
-        return apply_memory(self.memory, self.session.store, args)
-
-    def _skills_list(self, args: dict[str, Any], turn: TurnState) -> str:
-        return list_skills(self.persona_dir, self.workdir)
-
-    def _skill_view(self, args: dict[str, Any], turn: TurnState) -> str:
-        return view_skill(self.persona_dir, str(args["name"]), self.workdir)
-
-    def _todo(self, args: dict[str, Any], turn: TurnState) -> str:
-        return apply_todo(self.session.store, self.session.session_id, args)
-
-    def _delegate(self, args: dict[str, Any], turn: TurnState) -> str:
-        from mibyan.tools.delegation import run_delegation
-
-        def add_usage(usage: dict[str, int]) -> None:
-            with turn.lock:
-                turn.usage.add(Usage(**{k: v for k, v in usage.items() if k != "total_tokens"}))
-
-        return run_delegation(self, args, add_usage)
-
-    def _session_search(self, args: dict[str, Any], turn: TurnState) -> str:
-        store = self.session.store
-        lineage = store.lineage(self.session.session_id)
-        # a gateway channel's run sees its own channel's sessions, never other people's or agents'
-        within = (
-            None if self.session_scope is None else [*lineage, *store.channel_sessions(self.session_scope)]
-        )
-        return search_sessions(
-            store,
-            query=str(args["query"]),
-            role=args.get("role"),
-            since=args.get("since"),
-            scope=str(args.get("scope", "all")),
-            current_lineage=lineage,
-            limit=int(args.get("limit", 10)),
-            within=within,
-        )
-
-    def _clarify(self, args: dict[str, Any], turn: TurnState) -> str:
-        if self.callbacks.clarify_callback is None:
-            return _NO_USER
-        answer = self.callbacks.emit("clarify_callback", str(args["question"]), args.get("choices"))
-        return str(answer) if answer not in (None, "") else "The user gave no answer."
-
     # -- one call ------------------------------------------------------------------------------------
 
     def _plan(self, call: dict[str, Any]) -> PlannedCall:
@@ -237,12 +173,17 @@ class ToolExecutorMixin(AgentBase):
             plan.timeout = max(plan.timeout, float(plan.args["timeout"]) + 10)
         return plan
 
-    def _run_plan(self, plan: PlannedCall, turn: TurnState) -> tuple[str, bool]:
-        """Hooks → approval → handler → hooks for one resolved call. Runs on a worker thread."""
-        assert plan.spec is not None and plan.args is not None
-        spec, args, task_id = plan.spec, plan.args, turn.task_id
-        bound = context.ToolContext(
-            task_id=task_id,
+    def _run_context(self, plan: PlannedCall, turn: TurnState) -> RunContext:
+        """What the call's handler is told of its run: the handlers that declare a `RunContext` get it."""
+
+        def add_usage(usage: dict[str, int]) -> None:
+            with turn.lock:
+                turn.usage.add(Usage(**{k: v for k, v in usage.items() if k != "total_tokens"}))
+
+        # a subagent is made as this agent was (run_agent.AIAgent), without tools/ importing the agent
+        new_agent = cast("Callable[..., AIAgent]", type(self))
+        return RunContext(
+            task_id=turn.task_id,
             signal=self._signal,
             home=self.home,
             sandbox=self.sandbox,
@@ -253,28 +194,38 @@ class ToolExecutorMixin(AgentBase):
             isolated=self.sandbox.isolated,
             call_id=plan.call_id,
             files=self.file_access,
+            agent=self,
+            new_agent=new_agent,
+            add_usage=add_usage,
         )
+
+    def _run_plan(self, plan: PlannedCall, turn: TurnState) -> tuple[str, bool]:
+        """Hooks → approval → handler → hooks for one resolved call. Runs on a worker thread."""
+        assert plan.spec is not None and plan.args is not None
+        spec, args, task_id = plan.spec, plan.args, turn.task_id
+        bound = self._run_context(plan, turn)
+        # current on this thread too, for the editor's permission question (editors/bridge.py)
         token = context.bind(bound)
         try:
             reason = self.tools.hooks.before_tool(plan.name, args, task_id)
             if reason is not None:
                 return f"blocked by a hook: {reason}", False
             if spec.dangerous is not None:
-                verdict = spec.dangerous(args)
-                subject = spec.subject(args) if spec.subject is not None else None
+                verdict = spec.dangerous(args, bound)
+                subject = spec.subject(args, bound) if spec.subject is not None else None
                 subject = subject or str(args.get("command") or json.dumps(args, ensure_ascii=False))
                 what = "the command" if plan.name == "terminal" else f"the {plan.name} call"
-                allowed, why = self.tools.approvals.decide(subject, verdict, what=what)
+                allowed, why = self.tools.approvals.decide(subject, verdict, what=what, signal=bound.signal)
                 if why:  # a command that needed approval: the transcript shows who decided, and how
                     detail = {"call_id": plan.call_id, "tool": plan.name, "allowed": allowed, "why": why}
                     self.session.store.record_event(self.session.session_id, "approval", json.dumps(detail))
                 if not allowed:
                     self.callbacks.emit("status_callback", "denied", f"{plan.name}: {why}")
                     return why, False
+                bound = replace(bound, approved=verdict)
                 context.unbind(token)
-                token = context.bind(replace(bound, approved=verdict))
-            handler = self._agent_level_tool(plan.name)
-            result = handler(args, turn) if handler is not None else run_tool(spec, args, task_id)
+                token = context.bind(bound)
+            result = run_tool(spec, args, bound)
             result = self.tools.hooks.after_tool(plan.name, args, result, task_id)
             return cap_result(result, spec.max_result_chars), True
         except ToolFailed as exc:  # what the tool ran was stopped: its output is the result, failed

@@ -66,7 +66,7 @@ def first_request_ms(server: ScriptedServer, home: Path, runs: int) -> tuple[lis
 def mibyan_calls(home: Path) -> list[float]:
     from mibyan.config.mcp import McpServerSettings
     from mibyan.core.interruptible import InterruptSignal
-    from mibyan.tools import context
+    from mibyan.tools.context import RunContext
     from mibyan.tools.mcp_connections import McpConnections
     from mibyan.tools.mcp_tools import McpToolset
 
@@ -76,12 +76,11 @@ def mibyan_calls(home: Path) -> list[float]:
         connections.wait_settled(timeout=30)
         toolset = McpToolset(connections, owned=False, signal=InterruptSignal(), default_timeout=30)
         echo = toolset.specs()["mcp__py__echo"].handler
-        signal = InterruptSignal()
-        context.bind(context.ToolContext(task_id=None, signal=signal))  # as the executor does for a call
+        run = RunContext()  # as the executor passes for a call
         samples = []
         for _ in range(CALLS):
             began = time.perf_counter()
-            echo(text="hello")
+            echo(run, text="hello")
             samples.append((time.perf_counter() - began) * 1000)
     return samples
 

@@ -12,8 +12,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.figures import show  # noqa: E402
 from mibyan.core.errors import ConfigError  # noqa: E402
-from mibyan.core.interruptible import InterruptSignal  # noqa: E402
-from mibyan.tools import context  # noqa: E402
+from mibyan.tools.context import RunContext  # noqa: E402
 from mibyan.tools.sandbox import Sandbox  # noqa: E402
 from mibyan.tools.terminal import terminal  # noqa: E402
 
@@ -21,13 +20,9 @@ EXTRA_FLOOR_MS = 30.0
 
 
 def timed_true(sandbox: Sandbox | None) -> float:
-    token = context.bind(context.ToolContext(task_id=None, signal=InterruptSignal(), sandbox=sandbox))
-    try:
-        began = time.perf_counter()
-        result = terminal("true")
-        elapsed = (time.perf_counter() - began) * 1000
-    finally:
-        context.unbind(token)
+    began = time.perf_counter()
+    result = terminal(RunContext(sandbox=sandbox), "true")
+    elapsed = (time.perf_counter() - began) * 1000
     if "[exit code 0" not in result:
         raise RuntimeError(f"`true` failed: {result}")
     return elapsed

@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Any
 from acp import RequestError
 
 from mibyan.core.errors import ToolError
-from mibyan.tools import context
 
 if TYPE_CHECKING:
+    from mibyan.core.interruptible import InterruptSignal
     from mibyan.editors.outbox import Outbox
 
 #: Seconds the editor has to answer one file request.
@@ -40,31 +40,32 @@ class EditorFiles:
         self.writes = writes
         self._outbox = outbox
 
-    def read_text(self, path: Path) -> str:
+    def read_text(self, path: Path, signal: InterruptSignal) -> str:
         client = self._outbox.client
         answer = self._wait(
             self._outbox.call(lambda: client.read_text_file(session_id=self.session_id, path=str(path))),
             f"read {path}",
+            signal,
         )
         return str(answer.content)
 
-    def write_text(self, path: Path, text: str) -> None:
+    def write_text(self, path: Path, text: str, signal: InterruptSignal) -> None:
         client = self._outbox.client
         self._wait(
             self._outbox.call(
                 lambda: client.write_text_file(session_id=self.session_id, path=str(path), content=text)
             ),
             f"write {path}",
+            signal,
         )
 
     @staticmethod
-    def _wait(request: Future[Any], what: str) -> Any:
-        wake = context.waker()
-        request.add_done_callback(lambda _done: wake())
-        context.wait_or_stop(request.done, _ANSWER_TIMEOUT)
+    def _wait(request: Future[Any], what: str, signal: InterruptSignal) -> Any:
+        request.add_done_callback(lambda _done: signal.notify())
+        signal.wait_until(request.done, _ANSWER_TIMEOUT)
         if not request.done():
             request.cancel()
-            if context.stop_requested():
+            if signal.is_set():
                 raise ToolError(f"interrupted: the editor was asked to {what}, and the turn was stopped")
             raise ToolError(f"the editor did not answer within {_ANSWER_TIMEOUT:g} s when asked to {what}")
         try:

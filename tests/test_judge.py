@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -12,10 +13,10 @@ from conftest import run_cli
 from loopback import Reply, ScriptedServer
 from sandboxing import run_command
 
-from mibyan.core.interruptible import InterruptSignal
 from mibyan.tools import context
-from mibyan.tools.approval import classify_command
+from mibyan.tools.approval import Verdict, classify_command
 from mibyan.tools.command_judge import judge
+from mibyan.tools.context import RunContext
 
 HOSTILE: list[tuple[str, str]] = [
     # shells running strings, stdin and heredocs
@@ -335,15 +336,9 @@ def test_a_gateway_agents_commands_name_their_files_plainly(tmp_path: Path) -> N
     folder = home / "agents" / "a"
     workspace = folder / "workspace"
     workspace.mkdir(parents=True)
-    bound = context.ToolContext(
-        task_id=None, signal=InterruptSignal(), home=home, workdir=workspace, agent_folder=folder
-    )
-    token = context.bind(bound)
-    try:
-        verdicts = [judge(command, home=home, cwd=workspace) for command, _, _ in GATEWAY_AGENT]
-        other = judge(f"cat {home}/agents/b/workspace/x", home=home, cwd=workspace)
-    finally:
-        context.unbind(token)
+    policy = RunContext(home=home, workdir=workspace, agent_folder=folder).judge_policy()
+    verdicts = [judge(command, policy, cwd=workspace) for command, _, _ in GATEWAY_AGENT]
+    other = judge(f"cat {home}/agents/b/workspace/x", policy, cwd=workspace)
     assert [(v.tier, v.key) for v in verdicts] == [(tier, key) for _, tier, key in GATEWAY_AGENT]
     assert "plainly" in verdicts[9].reason
     assert other.reason == (
@@ -354,6 +349,43 @@ def test_a_gateway_agents_commands_name_their_files_plainly(tmp_path: Path) -> N
     commands = ["cat /proc/$PPID/environ", "cat /proc/*/envir?n", "cat ~/.ss?/id_*", "cat /proc/1/root/x"]
     cli = [judge(c, home=home, cwd=workspace) for c in [*commands, "ls $PWD ~/*", "grep -r KEY /"]]
     assert [(v.tier, v.ask_every_time) for v in cli] == [("dangerous", True)] * 4 + [("safe", False)] * 2
+
+
+def test_the_judges_verdict_depends_on_its_arguments_alone(tmp_path: Path) -> None:
+    """The same command judged at once on two threads, for two policies, gets each policy's verdict,
+    whatever run context the thread is serving."""
+    home = tmp_path / "home"
+    folder = home / "agents" / "a"
+    workspace = folder / "workspace"
+    workspace.mkdir(parents=True)
+    gateway = RunContext(home=home, workdir=workspace, agent_folder=folder)
+    terminal = RunContext(home=home, workdir=workspace)
+    commands = ["grep -r KEY ../../../..", "f=../../../state.db; cat $f", f"cat {home}/agents/b/workspace/x"]
+    policies = {"gateway": gateway.judge_policy(), "terminal": terminal.judge_policy()}
+    expected = {name: [judge(c, p, cwd=workspace) for c in commands] for name, p in policies.items()}
+    assert [v.key for v in expected["gateway"]] == ["above_home", "sealed_home", "sealed_home"]
+    assert all(v.tier != "hardline" for v in expected["terminal"])
+
+    together = threading.Barrier(2)
+    seen: dict[str, list[Verdict]] = {}
+
+    def judge_on_a_thread(name: str, serving: RunContext) -> None:
+        token = context.bind(serving)  # the other policy's run is the one this thread serves
+        try:
+            together.wait(timeout=30)
+            seen[name] = [judge(c, policies[name], cwd=workspace) for c in commands]
+        finally:
+            context.unbind(token)
+
+    threads = [
+        threading.Thread(target=judge_on_a_thread, args=("gateway", terminal)),
+        threading.Thread(target=judge_on_a_thread, args=("terminal", gateway)),
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert seen == expected
 
 
 def test_inline_code_that_writes_near_mibyans_files_never_runs() -> None:

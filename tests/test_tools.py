@@ -11,7 +11,9 @@ import pytest
 import yaml
 from loopback import Reply, ScriptedServer
 
-from mibyan.tools.registry import tool, unregister
+from mibyan.tools.context import RunContext
+from mibyan.tools.registry import get_tool, tool, unregister
+from model_tools import handle_function_call
 
 
 def tool_results(result: dict) -> list[str]:
@@ -423,3 +425,51 @@ def test_a_typed_dict_argument_becomes_an_object_schema_with_its_keys() -> None:
         assert sorted(items["required"]) == ["x", "y"]
     finally:
         unregister("plot")
+
+
+def test_a_tool_that_declares_a_run_context_is_given_its_call(
+    server: ScriptedServer, make_agent, tmp_path: Path
+) -> None:
+    @tool(toolset="test")
+    def where_am_i(ctx: RunContext, note: str) -> str:
+        """Say which call this is.
+
+        Args:
+            note: said back.
+        """
+        agent = ctx.require_agent("where_am_i")
+        return f"{ctx.call_id} {ctx.working_directory()} {agent.session.session_id} {note}"
+
+    try:
+        spec = get_tool("where_am_i")
+        assert spec is not None  # the run is not the model's to give: the schema has the note alone
+        note = {"type": "string", "description": "said back."}
+        assert spec.schema.parameters["properties"] == {"note": note}
+        assert spec.schema.parameters["required"] == ["note"]
+        server.add(Reply(tool_calls=[("where_am_i", {"note": "hi"})]), Reply(text="ok"))
+
+        result = make_agent(enabled_toolsets=["test"], workdir=tmp_path).run_conversation("where?")
+
+        (message,) = [m for m in result["messages"] if m["role"] == "tool"]
+        assert message["content"] == f"{message['tool_call_id']} {tmp_path} {result['session_id']} hi"
+        outside = handle_function_call("where_am_i", {"note": "hi"})
+        assert outside.startswith("error: where_am_i works on an agent's session")
+    finally:
+        unregister("where_am_i")
+
+
+def test_the_agent_level_tools_are_their_real_functions() -> None:
+    """Outside an agent they say what they need, rather than being stubs that only raise."""
+    calls = {
+        "todo": {},
+        "memory": {"action": "read"},
+        "session_search": {"query": "x"},
+        "delegate_task": {"goal": "x"},
+        "clarify": {"question": "x"},
+        "skills_list": {},
+        "skill_view": {"name": "x"},
+    }
+    for name, args in calls.items():
+        assert handle_function_call(name, args) == (
+            f"error: {name} works on an agent's session; call it through an agent (run_agent.AIAgent)"
+        )

@@ -20,7 +20,12 @@ import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal, cast
+
+from mibyan.tools.judge_policy import JudgePolicy
+
+if TYPE_CHECKING:
+    from mibyan.core.interruptible import InterruptSignal
 
 Tier = Literal["safe", "dangerous", "hardline"]
 
@@ -78,23 +83,16 @@ def outside_sandbox(verdict: Verdict) -> Verdict:
     return Verdict("dangerous", OUTSIDE_SANDBOX_REASON + also, "outside_sandbox", ask_every_time=True)
 
 
-def _current_home() -> Path:
-    from mibyan.tools import context
-
-    bound = context.current()
-    if bound is not None and bound.home is not None:
-        return bound.home
-    from mibyan.config.paths import mibyan_home
-
-    return mibyan_home()
-
-
-def classify_command(command: str, *, cwd: str | Path | None = None) -> Verdict:
+def classify_command(
+    command: str, *, cwd: str | Path | None = None, policy: JudgePolicy | None = None
+) -> Verdict:
     """Judge a shell command: "safe", "dangerous" (ask first) or "hardline" (never run).
 
     Args:
         command: the command line, as bash will receive it.
         cwd: the directory it runs in (the process's own when omitted).
+        policy: what it is judged for (a run's `RunContext.judge_policy()`); without one, for the user
+            at their terminal, with the home of `mibyan_home()`.
     """
     from mibyan.tools.command_judge import judge
 
@@ -103,7 +101,11 @@ def classify_command(command: str, *, cwd: str | Path | None = None) -> Verdict:
     except FileNotFoundError:  # the process's working directory was deleted
         where = Path("/")
     try:
-        return judge(command, home=_current_home(), cwd=where.absolute())
+        if policy is None:
+            from mibyan.config.paths import mibyan_home
+
+            policy = JudgePolicy(home=mibyan_home())
+        return judge(command, policy, cwd=where.absolute())
     except Exception:  # a security boundary: a command the judge fails on must not run
         log.exception("the command judge failed on a command; it is refused")
         return _UNJUDGED
@@ -149,9 +151,17 @@ class ApprovalPolicy:
         self._save_always = save_always
         self._lock = threading.Lock()
 
-    def decide(self, command: str, verdict: Verdict, *, what: str = "the command") -> tuple[bool, str]:
+    def decide(
+        self,
+        command: str,
+        verdict: Verdict,
+        *,
+        what: str = "the command",
+        signal: InterruptSignal | None = None,
+    ) -> tuple[bool, str]:
         """(allowed, why). Hardline commands are never allowed; `what` names what was not run in a
-        refusal (a file tool's call is not a command)."""
+        refusal (a file tool's call is not a command); `signal` is the call's stop signal: set, a
+        denial is a question withdrawn rather than answered."""
         if verdict.tier == "hardline":
             return False, f"blocked: {verdict.reason}; mibyan never runs this"
         if verdict.tier == "safe":
@@ -173,9 +183,8 @@ class ApprovalPolicy:
             if answer == "always" and not verdict.key.endswith(EDITOR_KEY):
                 self._save_always(verdict.key)
         if answer == "deny":
-            from mibyan.tools import context
-
-            if context.stop_requested():  # the question was withdrawn, not answered: say so in the history
+            # the question was withdrawn, not answered: say so in the history
+            if signal is not None and signal.is_set():
                 why = "the turn was stopped before the question was answered"
                 return False, f"not run: {why} ({verdict.reason})"
             return False, f"denied by user: {what} was not run ({verdict.reason})"
@@ -195,10 +204,11 @@ class ApprovalPolicy:
         if self.subagents_ask:
             child._ask = self._ask
 
-    def answer_from_session(self, command: str, reason: str) -> Answer:
+    def answer_from_session(self, command: str, reason: str, *, policy: JudgePolicy | None = None) -> Answer:
         """An approval callback for subagents: yes for what this user approved for the session, else no.
 
-        Running outside the sandbox is never approved on the user's behalf.
+        Running outside the sandbox is never approved on the user's behalf. `policy` is what the
+        subagent's commands are judged for (its parent's run: the same home, folders and sandbox).
         """
         if reason.startswith(OUTSIDE_SANDBOX_REASON):
             return "deny"
@@ -210,7 +220,7 @@ class ApprovalPolicy:
                 # an MCP tool's call (the reason is mibyan's own, never a command's): approved if it was
                 return "once" if covered(asked.key, self._approved) else "deny"
         # the same judgement as the question's, so a file tool's question cannot borrow a command's grant
-        verdict = classify_command(command)
+        verdict = classify_command(command, policy=policy)
         approved = verdict.needs_approval and covered(verdict.key, self._approved)
         return "once" if approved and verdict.reason == reason else "deny"
 

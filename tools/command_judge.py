@@ -37,7 +37,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from mibyan.tools import context
 from mibyan.tools.approval import SAFE, Tier, Verdict
 from mibyan.tools.command_files import TOTAL_BYTES, Contents, read_file
 from mibyan.tools.command_paths import judge_write_word
@@ -45,6 +44,7 @@ from mibyan.tools.command_reader import WordReader
 from mibyan.tools.command_rules import KNOWN_NAMES, judge_invocation
 from mibyan.tools.command_walk import UNREADABLE, Walk
 from mibyan.tools.command_words import Feed, Stream, Word, combine, command_name
+from mibyan.tools.judge_policy import JudgePolicy
 from mibyan.tools.protected import protected_reason
 
 if TYPE_CHECKING:
@@ -116,20 +116,17 @@ def fold(command: str) -> str:
 class CommandJudge:
     """Judges one command line; `judge()` is the entry point. Implements the rules' `Judge` protocol."""
 
-    def __init__(self, *, home: Path, cwd: Path, user_home: Path) -> None:
-        self.home = home
+    def __init__(self, *, policy: JudgePolicy, cwd: Path, user_home: Path) -> None:
+        self.home = policy.home
         self.user_home = user_home
-        bound = context.current()  # the running agent's hook modules, as off limits as its home
-        self._hook_files = bound.protected if bound is not None else ()
+        self._hook_files = policy.protected  # the running agent's hook modules, as off limits as its home
         # a gateway agent: its own folder is all of the home its commands may name, its workspace
         # (where they run) and its own temp folder all of it they may write
-        self._agent_folder = bound.agent_folder if bound is not None else None
-        self._writable = bound.own_places() if bound is not None else ()
-        self.gateway = self._agent_folder is not None
-        # where bubblewrap hides the home from its commands, a folder above the home holds nothing of it
-        sandbox = bound.sandbox if bound is not None else None
-        self._home_hidden = sandbox is not None and sandbox.active and sandbox.backend == "bubblewrap"
-        self._home_hidden &= sandbox is not None and Path(os.path.realpath(home)) in sandbox.hidden
+        self._agent_folder = policy.agent_folder
+        self._writable = policy.writable
+        self.gateway = policy.gateway
+        # where the sandbox hides the home from its commands, a folder above the home holds nothing of it
+        self._home_hidden = policy.home_hidden
         self.cwd = cwd
         self.cwds: list[Path] = [cwd]
         self.cwd_unknown = False
@@ -382,15 +379,31 @@ def _pattern_guesses(word: Word) -> list[str]:
     return sorted(name for name in KNOWN_NAMES if fnmatch.fnmatchcase(name, pattern))
 
 
-def judge(command: str, *, home: Path, cwd: Path, user_home: Path | None = None) -> Verdict:
+def judge(
+    command: str,
+    policy: JudgePolicy | None = None,
+    *,
+    cwd: Path,
+    home: Path | None = None,
+    user_home: Path | None = None,
+) -> Verdict:
     """Judge a shell command line: "safe", "dangerous" (ask first) or "hardline" (never run).
+
+    The verdict depends on the arguments alone: nothing ambient is read.
 
     Args:
         command: the command line, as bash will receive it.
-        home: the mibyan home, whose files no command may change.
+        policy: what the command is judged for (the home, a gateway agent's folders, the sandbox).
         cwd: the directory the command runs in.
+        home: instead of `policy`: the mibyan home of a user at their terminal.
         user_home: the user's home directory (`~`, `$HOME`); the process's own when omitted.
     """
+    if policy is None:
+        if home is None:
+            raise TypeError("judge() needs a policy, or the home to judge for")
+        policy = JudgePolicy(home=home)
+    elif home is not None and home != policy.home:
+        raise TypeError("judge() takes the home in its policy; the two differ")
     size = len(command.encode("utf-8", "surrogatepass"))
     if size > MAX_COMMAND_BYTES:
         return Verdict(
@@ -399,7 +412,7 @@ def judge(command: str, *, home: Path, cwd: Path, user_home: Path | None = None)
             "write it to a script file and run that",
             "too_long",
         )
-    judge = CommandJudge(home=home, cwd=cwd, user_home=user_home or Path.home())
+    judge = CommandJudge(policy=policy, cwd=cwd, user_home=user_home or Path.home())
     judge.budget += len(command)
     try:
         return judge.script(command)

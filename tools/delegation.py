@@ -15,12 +15,15 @@ parent was not given.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
 from mibyan.core.errors import MibyanError, ToolError
-from mibyan.tools import context
+from mibyan.tools.context import RunContext
+from mibyan.tools.judge_policy import JudgePolicy
 from mibyan.tools.registry import tool
 
 if TYPE_CHECKING:
@@ -43,12 +46,12 @@ class ChildOutcome:
     error: str | None = None
 
 
-def _tasks(args: dict[str, Any]) -> list[dict[str, str]]:
-    tasks = args.get("tasks") or []
-    if args.get("goal"):
-        tasks = [{"goal": args["goal"], "context": args.get("context") or ""}, *tasks]
+def _tasks(goal: str | None, context: str | None, tasks: list[Any] | None) -> list[dict[str, str]]:
+    given: list[Any] = list(tasks or [])
+    if goal:
+        given = [{"goal": goal, "context": context or ""}, *given]
     cleaned = []
-    for task in tasks:
+    for task in given:  # the model may send a task as its goal alone, a string
         if isinstance(task, str):
             task = {"goal": task}
         if not isinstance(task, dict) or not str(task.get("goal") or "").strip():
@@ -59,10 +62,11 @@ def _tasks(args: dict[str, Any]) -> list[dict[str, str]]:
     return cleaned
 
 
-def _make_child(parent: AgentCore, label: str) -> AIAgent:
-    from mibyan.agent.callbacks import Callbacks
-    from run_agent import AgentOptions, AIAgent
-
+def _make_child(
+    parent: AgentCore, new_agent: Callable[..., AIAgent], label: str, policy: JudgePolicy
+) -> AIAgent:
+    """A subagent of `parent`, made by the factory the parent passed (`RunContext.new_agent`); its
+    commands' questions are answered from the parent's session, judged for `policy` (the parent's)."""
     delegation = parent.settings.delegation
     depth = parent.delegation_depth + 1
     denied = [name for name in _ALWAYS_DENIED if name not in delegation.allow_tools]
@@ -79,35 +83,31 @@ def _make_child(parent: AgentCore, label: str) -> AIAgent:
     def status(kind: str, message: str) -> None:
         parent.callbacks.emit("status_callback", kind, f"{label}: {message}")
 
-    child = AIAgent(
-        options=AgentOptions(
-            model=runtime.model,
-            provider=runtime.provider,
-            base_url=runtime.base_url,
-            api_key=runtime.api_key,
-            api_mode=runtime.api_mode,
-            max_iterations=delegation.max_iterations,
-            home=parent.home,
-            enabled_toolsets=toolsets,
-            source="subagent",
-            yolo=parent.tools.approvals.yolo,
-            denied_tools=denied,
-            # none its parent is not offered, its MCP servers' included: a denied tool stays denied
-            allowed_tools=[schema.name for schema in parent.tools.schemas],
-            workspace=parent.workspace,
-            memory=parent.memory,  # a gateway channel's subagent remembers for that channel, not for all
-            workdir=parent.workdir,
-            sandbox=parent.sandbox,
-            # the parent's MCP servers, not new ones: the child uses its connections, the parent closes them
-            mcp_connections=parent.tools.mcp.connections if parent.tools.mcp is not None else None,
-            session_scope=parent.session_scope,
-            delegation_depth=depth,
-            callbacks=Callbacks(
-                tool_progress_callback=progress,
-                status_callback=status,
-                approval_callback=parent.tools.approvals.answer_from_session,
-            ),
-        )
+    child = new_agent(
+        model=runtime.model,
+        provider=runtime.provider,
+        base_url=runtime.base_url,
+        api_key=runtime.api_key,
+        api_mode=runtime.api_mode,
+        max_iterations=delegation.max_iterations,
+        home=parent.home,
+        enabled_toolsets=toolsets,
+        source="subagent",
+        yolo=parent.tools.approvals.yolo,
+        denied_tools=denied,
+        # none its parent is not offered, its MCP servers' included: a denied tool stays denied
+        allowed_tools=[schema.name for schema in parent.tools.schemas],
+        tool_progress_callback=progress,
+        status_callback=status,
+        approval_callback=partial(parent.tools.approvals.answer_from_session, policy=policy),
+        workspace=parent.workspace,
+        memory=parent.memory,  # a gateway channel's subagent remembers for that channel, not for all
+        workdir=parent.workdir,
+        sandbox=parent.sandbox,
+        # the parent's MCP servers, not new ones: the child uses its connections, the parent closes them
+        mcp_connections=parent.tools.mcp.connections if parent.tools.mcp is not None else None,
+        session_scope=parent.session_scope,
+        delegation_depth=depth,
     )
     parent.tools.approvals.for_subagent(child.tools.approvals)
     child.session.parent_id = parent.session.session_id
@@ -140,15 +140,18 @@ def _report(outcome: ChildOutcome, cap: int) -> str:
     )
 
 
-def run_delegation(parent: AgentCore, args: dict[str, Any], add_usage: Any) -> str:
+def run_delegation(ctx: RunContext, tasks: list[dict[str, str]]) -> str:
     """Run the tasks of one delegate_task call and return the reports for the model."""
+    parent = ctx.require_agent("delegate_task")
+    if ctx.new_agent is None:
+        raise ToolError("delegate_task needs a way to make subagents, and this agent was given none")
     delegation = parent.settings.delegation
-    tasks = _tasks(args)
     outcomes = [ChildOutcome(label=f"subagent {i + 1}", goal=t["goal"]) for i, t in enumerate(tasks)]
-    children = [_make_child(parent, outcome.label) for outcome in outcomes]
+    policy = ctx.judge_policy()
+    children = [_make_child(parent, ctx.new_agent, outcome.label, policy) for outcome in outcomes]
     for child in children:
         parent.adopt_child(child)
-    wake = context.waker()
+    wake = ctx.waker()
     try:
         with ThreadPoolExecutor(
             min(delegation.max_concurrent, len(tasks)), thread_name_prefix="mibyan-child"
@@ -159,11 +162,10 @@ def run_delegation(parent: AgentCore, args: dict[str, Any], add_usage: Any) -> s
             ]
             for future in futures:
                 future.add_done_callback(lambda _f: wake())
-            context.wait_or_stop(lambda: all(f.done() for f in futures), delegation.timeout)
+            ctx.wait_or_stop(lambda: all(f.done() for f in futures), delegation.timeout)
             if not all(f.done() for f in futures):
-                reason = (
-                    "interrupted" if context.stop_requested() else f"timed out after {delegation.timeout:g} s"
-                )
+                late = f"timed out after {delegation.timeout:g} s"
+                reason = "interrupted" if ctx.stop_requested() else late
                 for child, future in zip(children, futures, strict=True):
                     if not future.done():
                         child.interrupt()
@@ -174,7 +176,7 @@ def run_delegation(parent: AgentCore, args: dict[str, Any], add_usage: Any) -> s
             child.close()
     for outcome in outcomes:
         if outcome.result is not None:
-            add_usage(outcome.result["usage"])
+            ctx.add_usage(outcome.result["usage"])
     return "\n\n".join(_report(outcome, delegation.summary_chars) for outcome in outcomes)
 
 
@@ -192,7 +194,10 @@ class DelegatedTask(TypedDict):
 
 @tool(toolset="core")
 def delegate_task(
-    goal: str | None = None, context: str | None = None, tasks: list[DelegatedTask] | None = None
+    ctx: RunContext,
+    goal: str | None = None,
+    context: str | None = None,
+    tasks: list[DelegatedTask] | None = None,
 ) -> str:
     """Hand work to subagents: each gets a fresh context and its own tools, and reports back when done.
 
@@ -205,4 +210,4 @@ def delegate_task(
         context: what the subagent needs to know for that goal (files, constraints, what done looks like).
         tasks: several tasks to run at once, each with its goal and (optional) context.
     """
-    raise ToolError("delegate_task runs inside an agent session")
+    return run_delegation(ctx, _tasks(goal, context, list(tasks or [])))

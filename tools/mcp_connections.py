@@ -23,13 +23,15 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Literal
+from typing import IO, TYPE_CHECKING, Any, Literal
 
 from mibyan.config.mcp import McpServerSettings
 from mibyan.config.paths import private_dir
 from mibyan.core.errors import ToolError
-from mibyan.tools import context
 from mibyan.tools.mcp_cache import Listing, McpTool, ToolCache
+
+if TYPE_CHECKING:
+    from mibyan.core.interruptible import InterruptSignal
 
 log = logging.getLogger("mibyan.mcp")
 
@@ -326,25 +328,35 @@ class McpConnections:
 
     # -- calls, from the executor's threads -----------------------------------------------------------
 
-    def call(self, server: str, tool: str, arguments: dict[str, Any], *, timeout: float) -> Any:
+    def call(
+        self,
+        server: str,
+        tool: str,
+        arguments: dict[str, Any],
+        *,
+        timeout: float,
+        signal: InterruptSignal | None = None,
+    ) -> Any:
         """Call `tool` of `server` and return the SDK's result; waits for the server to be up first.
+
+        `signal` is the tool call's stop signal: set, the wait ends and the call is cancelled.
 
         Raises:
             ToolError: the server is not available, the call timed out, was interrupted, or failed.
         """
         self.start()
         state = self.servers[server]
-        self._wait(state.settled, max(0.0, state.deadline - time.monotonic()) + 0.5)
-        if context.stop_requested():
+        self._wait(state.settled, max(0.0, state.deadline - time.monotonic()) + 0.5, signal)
+        if signal is not None and signal.is_set():
             raise ToolError("interrupted before the MCP server was up")
         client = state.client
         if state.status != "ready" or client is None or self._loop is None:
             raise ToolError(f"MCP server {server!r} is not available ({state.error or state.status})")
         future = asyncio.run_coroutine_threadsafe(_call(client, tool, arguments, timeout), self._loop)
-        self._wait(future, timeout + 1.0)
+        self._wait(future, timeout + 1.0, signal)
         if not future.done():
             future.cancel()
-            if context.stop_requested():
+            if signal is not None and signal.is_set():
                 raise ToolError("interrupted: the MCP call was cancelled")
             raise ToolError(f"MCP server {server!r} did not answer within {timeout:g} s")
         try:
@@ -355,14 +367,13 @@ class McpConnections:
             raise ToolError(f"MCP server {server!r}: {_describe(exc)}") from exc
 
     @staticmethod
-    def _wait(future: concurrent.futures.Future[Any], timeout: float) -> None:
-        """Wait for `future`; inside a tool call, an interrupt ends the wait too."""
-        if context.current() is None:  # called from outside the executor: nothing to interrupt it
+    def _wait(future: concurrent.futures.Future[Any], timeout: float, signal: InterruptSignal | None) -> None:
+        """Wait for `future`; inside a tool call (`signal`), an interrupt ends the wait too."""
+        if signal is None:  # called from outside the executor: nothing to interrupt it
             concurrent.futures.wait([future], timeout)
             return
-        wake = context.waker()
-        future.add_done_callback(lambda _f: wake())
-        context.wait_or_stop(future.done, timeout)
+        future.add_done_callback(lambda _f: signal.notify())
+        signal.wait_until(future.done, timeout)
 
     # -- closing --------------------------------------------------------------------------------------
 

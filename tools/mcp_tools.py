@@ -27,6 +27,7 @@ from mibyan.config.mcp import McpServerSettings
 from mibyan.core.errors import ToolError
 from mibyan.core.interruptible import InterruptSignal
 from mibyan.tools.approval import Verdict, mcp_subject, mcp_verdict
+from mibyan.tools.context import RunContext
 from mibyan.tools.mcp_cache import MAX_TOOLS, McpTool
 from mibyan.tools.mcp_connections import MISSING_SDK, McpConnections, ServerState
 from mibyan.tools.registry import ToolSpec
@@ -90,17 +91,17 @@ def format_result(result: Any) -> tuple[str, bool]:
     return "\n".join(parts) or "(the tool returned nothing)", bool(result.is_error)
 
 
-def _subject(server: str, name: str) -> Callable[[dict[str, Any]], str]:
-    def subject(args: dict[str, Any]) -> str:
+def _subject(server: str, name: str) -> Callable[[dict[str, Any], RunContext], str]:
+    def subject(args: dict[str, Any], ctx: RunContext) -> str:
         shown = json.dumps(args, ensure_ascii=False, indent=2) if args else "(no arguments)"
         return mcp_subject(server, name, shown)
 
     return subject
 
 
-def _ask(server: str, name: str, *, editor: bool) -> Callable[[dict[str, Any]], Verdict]:
+def _ask(server: str, name: str, *, editor: bool) -> Callable[[dict[str, Any], RunContext], Verdict]:
     verdict = mcp_verdict(server, name, editor=editor)
-    return lambda args: verdict
+    return lambda args, ctx: verdict
 
 
 def _parameters(schema: dict[str, Any]) -> dict[str, Any]:
@@ -222,13 +223,14 @@ class McpToolset:
         timeout = settings.timeout or self._default_timeout
         connections, server, own_name = self.connections, state.name, tool.name
 
-        def call(**arguments: Any) -> str:
+        def call(ctx: RunContext, /, **arguments: Any) -> str:
             if settings.approval == "deny":
                 raise ToolError(
                     f"not run: the tools of the MCP server {server!r} are denied "
                     f"(mcp_servers.{server}.approval: deny)"
                 )
-            text, is_error = format_result(connections.call(server, own_name, arguments, timeout=timeout))
+            answer = connections.call(server, own_name, arguments, timeout=timeout, signal=ctx.signal)
+            text, is_error = format_result(answer)
             if is_error:
                 raise ToolError(text)
             return text
@@ -244,6 +246,7 @@ class McpToolset:
             dangerous=_ask(server, name, editor=settings.literal) if needs_asking else None,
             subject=_subject(server, name),
             timeout=timeout + _EXECUTOR_GRACE,
+            takes_context=True,
         )
 
     def notices(self) -> list[str]:

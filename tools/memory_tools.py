@@ -3,19 +3,24 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from agent_state import SessionStore, mask_secrets
 from mibyan.agent.memory import MemoryStore
 from mibyan.agent.skills import discover_skills, skills_index
 from mibyan.core.errors import ToolError
+from mibyan.tools.context import RunContext
 from mibyan.tools.registry import tool
 
 
-def apply_memory(memory: MemoryStore, store: SessionStore, args: dict[str, Any]) -> str:
-    action = str(args.get("action") or "")
-    target = str(args.get("target") or "memory")
-    content = str(args.get("content") or "")
+def apply_memory(
+    memory: MemoryStore,
+    store: SessionStore,
+    action: str,
+    target: str = "memory",
+    content: str = "",
+    old: str = "",
+    query: str = "",
+) -> str:
     if action == "read":
         return memory.read(target) or f"({target} is empty)"
     if action == "remember":
@@ -27,9 +32,9 @@ def apply_memory(memory: MemoryStore, store: SessionStore, args: dict[str, Any])
         store.add_fact(content.strip(), owner=memory.fact_owner)
         return "fact stored; it will be offered again when a message mentions its words"
     if action == "recall":
-        facts = store.relevant_facts(str(args.get("query") or content), owner=memory.fact_owner)
+        facts = store.relevant_facts(query or content, owner=memory.fact_owner)
         return "\n".join(f"- {f}" for f in facts) or "no stored fact matches"
-    return memory.change(target, action, content=content, old=str(args.get("old") or ""))
+    return memory.change(target, action, content=content, old=old)
 
 
 def view_skill(home: Path, name: str, cwd: Path | None = None) -> str:
@@ -45,6 +50,7 @@ def list_skills(home: Path, cwd: Path | None = None) -> str:
 
 @tool(toolset="core")
 def memory(
+    ctx: RunContext,
     action: str,
     target: str = "memory",
     content: str | None = None,
@@ -62,20 +68,32 @@ def memory(
         old: for replace and remove, a unique part of the text to change.
         query: for recall, what to look for.
     """
-    raise ToolError("memory runs inside an agent session")
+    agent = ctx.require_agent("memory")
+    return apply_memory(
+        agent.memory,
+        agent.session.store,
+        # the model may send null or a number where the schema says string
+        str(action or ""),
+        str(target or "memory"),
+        str(content or ""),
+        str(old or ""),
+        str(query or ""),
+    )
 
 
 @tool(toolset="core")
-def skills_list() -> str:
+def skills_list(ctx: RunContext) -> str:
     """List the skills installed for this user and project (name: description)."""
-    raise ToolError("skills_list runs inside an agent session")
+    agent = ctx.require_agent("skills_list")
+    return list_skills(agent.persona_dir, agent.workdir)
 
 
 @tool(toolset="core")
-def skill_view(name: str) -> str:
+def skill_view(ctx: RunContext, name: str) -> str:
     """Read a skill's full instructions.
 
     Args:
         name: the skill's name, as skills_list shows it.
     """
-    raise ToolError("skill_view runs inside an agent session")
+    agent = ctx.require_agent("skill_view")
+    return view_skill(agent.persona_dir, str(name), agent.workdir)

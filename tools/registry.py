@@ -2,6 +2,8 @@
 
 The JSON schema comes from the type hints (through pydantic) and the descriptions from the docstring:
 its first paragraph describes the tool to the model, its `Args:` section describes each argument.
+A handler that needs its run declares a first parameter typed `RunContext` (tools/context.py): it is
+not part of the schema, and the executor passes the call's context there.
 The registry is the one piece of module-level mutable state mibyan has.
 """
 
@@ -13,7 +15,6 @@ import types
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import (
-    TYPE_CHECKING,
     Any,
     NotRequired,
     Required,
@@ -24,12 +25,15 @@ from typing import (
     is_typeddict,
 )
 
+from mibyan.tools.approval import Verdict
+from mibyan.tools.context import RunContext
 from mibyan.tools.schema import ToolSchema
 
-if TYPE_CHECKING:
-    from mibyan.tools.approval import Verdict
-
 ToolHandler = Callable[..., Any]
+#: The approval verdict of a call's arguments, in its run (see tools.approval).
+VerdictOf = Callable[[dict[str, Any], RunContext], Verdict]
+#: What a call does, for the approval question ("read_file /etc/x"), in its run.
+SubjectOf = Callable[[dict[str, Any], RunContext], str]
 
 
 @dataclass(frozen=True)
@@ -39,15 +43,18 @@ class ToolSpec:
     Attributes:
         name: what the model calls it.
         toolset: the group it belongs to ("core", "files", ...); toolsets are selected in config.
-        handler: the function; called with the model's arguments as keywords (plus `task_id` if it asks).
+        handler: the function; called with the model's arguments as keywords (plus `task_id` if it asks),
+            after the call's `RunContext` when `takes_context`.
         schema: what the model sees.
         interactive: runs alone and in order (it asks the user something).
         max_result_chars: longer results are cut, with a note saying how much was cut.
         resource: names the argument whose value is the resource a call touches (calls on one
             resource run in order).
-        dangerous: a function giving the approval verdict of a call's arguments (see tools.approval).
+        dangerous: a function giving the approval verdict of a call's arguments in its run (see
+            tools.approval).
         subject: a function naming, for the approval question, what a call does ("read_file /etc/x");
             without one the question shows the `command` argument, else the arguments as JSON.
+        takes_context: the handler's first parameter is its `RunContext`.
         timeout: seconds the executor waits for a call before reporting a timeout; None means the
             default (`agent.tool_timeout`). A tool that enforces its own limit (terminal) still ends.
     """
@@ -59,10 +66,11 @@ class ToolSpec:
     interactive: bool = False
     max_result_chars: int = 50_000
     resource: str | None = None
-    dangerous: Callable[[dict[str, Any]], Verdict] | None = None
+    dangerous: VerdictOf | None = None
     timeout: float | None = None
     wants_task_id: bool = False
-    subject: Callable[[dict[str, Any]], str] | None = None
+    subject: SubjectOf | None = None
+    takes_context: bool = False
 
 
 _REGISTRY: dict[str, ToolSpec] = {}
@@ -164,6 +172,12 @@ def typed_dict_schema(annotation: Any) -> dict[str, Any]:
     return schema
 
 
+def takes_context(fn: ToolHandler) -> bool:
+    """Whether `fn`'s first parameter is its run context (typed `RunContext`)."""
+    first = next(iter(inspect.signature(fn).parameters.values()), None)
+    return first is not None and get_type_hints(fn).get(first.name) is RunContext
+
+
 def build_schema(fn: ToolHandler, name: str) -> ToolSchema:
     """The model-facing schema of `fn`, from its signature, type hints and docstring."""
     description, arg_docs = _parse_docstring(fn.__doc__ or "")
@@ -172,6 +186,8 @@ def build_schema(fn: ToolHandler, name: str) -> ToolSchema:
     required: list[str] = []
     for param in inspect.signature(fn).parameters.values():
         if param.name == "task_id" or param.kind in (param.VAR_KEYWORD, param.VAR_POSITIONAL):
+            continue
+        if hints.get(param.name) is RunContext:  # the run, passed by the executor: not the model's
             continue
         prop = type_schema(hints.get(param.name, str))
         if param.name in arg_docs:
@@ -194,9 +210,9 @@ def tool(
     interactive: bool = False,
     max_result_chars: int = 50_000,
     resource: str | None = None,
-    dangerous: Callable[[dict[str, Any]], Verdict] | None = None,
+    dangerous: VerdictOf | None = None,
     timeout: float | None = None,
-    subject: Callable[[dict[str, Any]], str] | None = None,
+    subject: SubjectOf | None = None,
 ) -> Callable[[ToolHandler], ToolHandler]:
     """Register the decorated function as a tool (see `ToolSpec` for the options)."""
 
@@ -214,6 +230,7 @@ def tool(
             timeout=timeout,
             wants_task_id="task_id" in inspect.signature(fn).parameters,
             subject=subject,
+            takes_context=takes_context(fn),
         )
         return fn
 

@@ -7,6 +7,7 @@ from datetime import datetime
 
 from agent_state import SessionStore
 from mibyan.core.errors import ToolError
+from mibyan.tools.context import RunContext
 from mibyan.tools.registry import tool
 
 _MAX_LIMIT = 25
@@ -65,7 +66,12 @@ def search_sessions(
 
 @tool(toolset="core")
 def session_search(
-    query: str, role: str | None = None, since: str | None = None, scope: str = "all", limit: int = 10
+    ctx: RunContext,
+    query: str,
+    role: str | None = None,
+    since: str | None = None,
+    scope: str = "all",
+    limit: int = 10,
 ) -> str:
     """Search the text of past conversations with this user (all sessions, or only the current one).
 
@@ -79,4 +85,19 @@ def session_search(
         scope: "all" sessions, or "current" for this session and the ones it continues.
         limit: how many results to return (at most 25).
     """
-    raise ToolError("session_search runs inside an agent session")
+    agent = ctx.require_agent("session_search")
+    store = agent.session.store
+    lineage = store.lineage(agent.session.session_id)
+    # a gateway channel's run sees its own channel's sessions, never other people's or agents'
+    scoped = agent.session_scope
+    within = None if scoped is None else [*lineage, *store.channel_sessions(scoped)]
+    return search_sessions(
+        store,
+        query=str(query),
+        role=role,
+        since=since,
+        scope=str(scope),
+        current_lineage=lineage,
+        limit=int(limit),  # the model may send "10" where the schema says integer
+        within=within,
+    )

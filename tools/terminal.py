@@ -1,11 +1,11 @@
 """The terminal tool: run a shell command in its own process group, with a timeout and capped output.
 
-Commands run in the agent's sandbox (tools/sandbox.py), which the tool executor hands over in the tool
+Commands run in the agent's sandbox (tools/sandbox.py), which the tool executor hands over in the run
 context; called without one (`model_tools.handle_function_call`, which runs only commands judged safe)
 they run unconfined. One call may ask to run outside the sandbox (`outside_sandbox`): that is a
 dangerous call of its own kind, which the user answers every time.
 
-A gateway agent's commands (the tool context names an agent folder) run from its workspace, without
+A gateway agent's commands (the run context names an agent folder) run from its workspace, without
 the variables that hold the gateway's secrets (API keys, tokens, passwords) or name mibyan's home: the
 people it serves are not the person who configured it. It may not run in a part of the home not its
 own, nor outside its sandbox. An isolated sandbox starts from an empty environment anyway.
@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Any, cast
 
 from mibyan.core.errors import ToolError, ToolFailed
-from mibyan.tools import context
 from mibyan.tools.approval import Verdict, classify_command, outside_sandbox
+from mibyan.tools.context import RunContext
 from mibyan.tools.git_guard import neutral_environment, repository_of
 from mibyan.tools.registry import tool
 from mibyan.tools.sandbox import Launch, Sandbox
@@ -39,42 +39,33 @@ _KEEP_BYTES = 512 * 1024  # of output, kept from each end; the middle of a flood
 _KILL_GRACE = 0.5
 
 
-def _sandbox() -> Sandbox | None:
-    current = context.current()
-    return current.sandbox if current is not None else None
-
-
-def terminal_verdict(args: dict[str, Any]) -> Verdict:
-    sandbox = _sandbox()
+def terminal_verdict(args: dict[str, Any], ctx: RunContext) -> Verdict:
+    sandbox = ctx.sandbox
     workdir = args.get("workdir")
     # judged in the directory it will run in, so a relative target means the file it will write
-    where = _run_directory(sandbox, workdir)
-    refused = _out_of_reach(where, escape=bool(args.get("outside_sandbox")))
+    where = _run_directory(ctx, workdir)
+    refused = _out_of_reach(ctx, where, escape=bool(args.get("outside_sandbox")))
     if refused is not None:
         return refused
-    verdict = classify_command(str(args.get("command", "")), cwd=where)
+    verdict = classify_command(str(args.get("command", "")), cwd=where, policy=ctx.judge_policy())
     if args.get("outside_sandbox") and verdict.tier != "hardline" and sandbox is not None and sandbox.active:
         return outside_sandbox(verdict)
     return verdict
 
 
-def _run_directory(sandbox: Sandbox | None, workdir: object) -> Path:
+def _run_directory(ctx: RunContext, workdir: object) -> Path:
     # the sandbox is rooted at the agent's working directory (a gateway agent's workspace, say): run there
-    current = context.current()
-    base = (
-        sandbox.workdir if sandbox is not None else (current.working_directory() if current else Path.cwd())
-    )
+    base = ctx.sandbox.workdir if ctx.sandbox is not None else ctx.working_directory()
     return base / Path(str(workdir)).expanduser() if workdir else base
 
 
-def _out_of_reach(where: Path, *, escape: bool) -> Verdict | None:
+def _out_of_reach(current: RunContext, where: Path, *, escape: bool) -> Verdict | None:
     """What a gateway agent's command may not do: run outside its sandbox (whoever answers in the channel
     is not the person who set the gateway up), or in a part of the home not its own, or for an isolated
     agent anywhere outside its workspace."""
     from mibyan.tools.protected import sealed_reason
 
-    current = context.current()
-    if current is None or current.home is None:
+    if current.home is None:
         return None
     if escape and current.agent_folder is not None:
         return Verdict(
@@ -86,27 +77,25 @@ def _out_of_reach(where: Path, *, escape: bool) -> Verdict | None:
     return Verdict("hardline", f"runs in {sealed}", "sealed_home") if sealed is not None else None
 
 
-def _environment(cwd: str) -> dict[str, str]:
+def _environment(current: RunContext, cwd: str) -> dict[str, str]:
     """The commands' environment: the process's own, but a gateway agent's lacks the secrets in it, and
     git takes no command from a repository the user has not trusted (tools/git_guard.py)."""
-    current = context.current()
-    if current is None or current.agent_folder is None:
+    if current.agent_folder is None:
         kept = dict(os.environ)
     else:
         kept = {name: value for name, value in os.environ.items() if not _SECRET_NAME.search(name)}
         if current.sandbox is not None and current.sandbox.temp is not None:
             kept["TMPDIR"] = str(current.sandbox.temp)  # its own, not the machine's /tmp shared with others
-    if not _trusted_repository(Path(cwd)):
+    if not _trusted_repository(current, Path(cwd)):
         kept.update(neutral_environment(kept))
     return kept
 
 
-def _trusted_repository(cwd: Path) -> bool:
+def _trusted_repository(current: RunContext, cwd: Path) -> bool:
     """Whether the repository a command starts in is one the user trusts (never a gateway agent's)."""
     from mibyan.config.trust import folder_trusted
 
-    current = context.current()
-    if current is None or current.home is None or current.agent_folder is not None:
+    if current.home is None or current.agent_folder is not None:
         return False
     found = repository_of(cwd)
     return found is not None and folder_trusted(current.home, found[0])
@@ -150,7 +139,11 @@ def _kill_group(process: subprocess.Popen[bytes]) -> None:
 
 @tool(toolset="core", dangerous=terminal_verdict, max_result_chars=30_000, timeout=None)
 def terminal(
-    command: str, timeout: int = 120, workdir: str | None = None, outside_sandbox: bool = False
+    ctx: RunContext,
+    command: str,
+    timeout: int = 120,
+    workdir: str | None = None,
+    outside_sandbox: bool = False,
 ) -> str:
     """Run a shell command (bash) and return its output (stdout and stderr together) and exit code.
 
@@ -165,18 +158,17 @@ def terminal(
         outside_sandbox: run this one command outside the sandbox. The user is asked every time; use it
             only after the sandbox blocked a command that really must write elsewhere or use the network.
     """
-    agent_sandbox = _sandbox()
-    cwd = _run_directory(agent_sandbox, workdir)
+    cwd = _run_directory(ctx, workdir)
     if not cwd.is_dir():
         raise ToolError(f"no such directory: {workdir}")
-    _judge_again(command, workdir, outside_sandbox)
-    sandbox = None if outside_sandbox else agent_sandbox
+    _judge_again(ctx, command, workdir, outside_sandbox)
+    sandbox = None if outside_sandbox else ctx.sandbox
     started = time.monotonic()
-    process = _start(["bash", "-c", command], sandbox, str(cwd))
+    process = _start(ctx, ["bash", "-c", command], sandbox, str(cwd))
     output = _Output()
     stream = cast(io.BufferedReader, process.stdout)
 
-    wake = context.waker()
+    wake = ctx.waker()
 
     def pump() -> None:
         for chunk in iter(lambda: stream.read1(65536), b""):
@@ -186,10 +178,10 @@ def terminal(
 
     reader = threading.Thread(target=pump, name="mibyan-terminal-output", daemon=True)
     reader.start()
-    context.wait_or_stop(lambda: process.returncode is not None, max(1, timeout))
+    ctx.wait_or_stop(lambda: process.returncode is not None, max(1, timeout))
     outcome = None
     if process.returncode is None:
-        outcome = "interrupted" if context.stop_requested() else f"timed out after {timeout} s"
+        outcome = "interrupted" if ctx.stop_requested() else f"timed out after {timeout} s"
         _kill_group(process)
     reader.join(2)
     elapsed = time.monotonic() - started
@@ -210,14 +202,14 @@ def terminal(
     return result
 
 
-def _judge_again(command: str, workdir: str | None, outside_sandbox: bool) -> None:
+def _judge_again(bound: RunContext, command: str, workdir: str | None, outside_sandbox: bool) -> None:
     """Judge the command again just before it starts: a script it runs may have changed on disk while
     the user was asked (or while another call of the same reply ran), and what was allowed is the
     command as it was judged, not whatever the file holds now."""
-    bound = context.current()
-    if bound is None or bound.approved is None:
+    if bound.approved is None:
         return
-    now = terminal_verdict({"command": command, "workdir": workdir, "outside_sandbox": outside_sandbox})
+    args = {"command": command, "workdir": workdir, "outside_sandbox": outside_sandbox}
+    now = terminal_verdict(args, bound)
     if now.tier == "hardline":
         raise ToolError(f"blocked: {now.reason}; mibyan never runs this")
     if now.tier == "dangerous" and now != bound.approved:
@@ -227,9 +219,9 @@ def _judge_again(command: str, workdir: str | None, outside_sandbox: bool) -> No
         )
 
 
-def _start(argv: list[str], sandbox: Sandbox | None, cwd: str) -> subprocess.Popen[bytes]:
+def _start(ctx: RunContext, argv: list[str], sandbox: Sandbox | None, cwd: str) -> subprocess.Popen[bytes]:
     """Start `argv` in its own session (so the whole group can be killed), confined by `sandbox`."""
-    environment = _environment(cwd)
+    environment = _environment(ctx, cwd)
     if sandbox is not None and sandbox.isolated and sandbox.active:
         # an isolated sandbox starts from an empty environment: git's settings go in through `env`
         argv = ["env", *(f"{k}={v}" for k, v in neutral_environment({}).items()), *argv]

@@ -6,6 +6,7 @@ from typing import Any
 
 from agent_state import SessionStore
 from mibyan.core.errors import ToolError
+from mibyan.tools.context import RunContext
 from mibyan.tools.registry import tool
 
 STATUSES = ("pending", "in_progress", "done", "cancelled")
@@ -18,17 +19,22 @@ def render_todos(items: list[dict[str, Any]]) -> str:
     return "\n".join(f"{item['id']}. {_MARKS[item['status']]} {item['text']}" for item in items)
 
 
-def apply_todo(store: SessionStore, session_id: str, args: dict[str, Any]) -> str:
+def apply_todo(
+    store: SessionStore,
+    session_id: str,
+    action: str = "list",
+    new: list[str] | None = None,
+    number: int | None = None,
+    status: str | None = None,
+) -> str:
     """Run one todo action against the session's list and return the list as the model sees it."""
     items = store.get_todos(session_id)
-    action = args.get("action", "list")
     if action == "add":
-        texts = [t.strip() for t in args.get("items") or [] if isinstance(t, str) and t.strip()]
+        texts = [t.strip() for t in new or [] if isinstance(t, str) and t.strip()]
         if not texts:
             raise ToolError("add needs items: a list of task descriptions")
         items.extend({"id": 0, "text": text, "status": "pending"} for text in texts)
     elif action == "update":
-        number, status = args.get("id"), args.get("status")
         if not isinstance(number, int) or not 1 <= number <= len(items):
             raise ToolError(f"update needs the id of a task (1 to {len(items)})")
         if status not in STATUSES:
@@ -44,7 +50,11 @@ def apply_todo(store: SessionStore, session_id: str, args: dict[str, Any]) -> st
 
 @tool(toolset="core")
 def todo(
-    action: str = "list", items: list[str] | None = None, id: int | None = None, status: str | None = None
+    ctx: RunContext,
+    action: str = "list",
+    items: list[str] | None = None,
+    id: int | None = None,
+    status: str | None = None,
 ) -> str:
     """Keep a task list for the current work: plan multi-step tasks, then mark progress as you go.
 
@@ -55,4 +65,5 @@ def todo(
         id: the number of the task to update.
         status: the new status: pending, in_progress, done or cancelled.
     """
-    raise ToolError("todo runs inside an agent session")
+    session = ctx.require_agent("todo").session
+    return apply_todo(session.store, session.session_id, action, items, id, status)

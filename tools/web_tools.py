@@ -14,7 +14,8 @@ from html.parser import HTMLParser
 from typing import TYPE_CHECKING, Any
 
 from mibyan.core.errors import ToolError
-from mibyan.tools import context
+from mibyan.core.interruptible import InterruptSignal
+from mibyan.tools.context import RunContext
 from mibyan.tools.registry import tool
 from mibyan.tools.web_policy import checked_addresses
 
@@ -62,7 +63,7 @@ def html_to_text(html: str) -> str:
 
 
 @tool(toolset="core", max_result_chars=40_000)
-def web_fetch(url: str, timeout: int = 20) -> str:
+def web_fetch(ctx: RunContext, url: str, timeout: int = 20) -> str:
     """Fetch a web page (http or https) and return its text; HTML is reduced to readable text.
 
     Addresses on this machine or its private network are refused unless the user allows them.
@@ -71,11 +72,17 @@ def web_fetch(url: str, timeout: int = 20) -> str:
         url: the address to fetch, starting with http:// or https://.
         timeout: seconds the whole fetch may take.
     """
-    bound = context.current()
-    return fetch_page(url, timeout=timeout, allow_private=bound is not None and bound.allow_private_web)
+    return fetch_page(url, timeout=timeout, allow_private=ctx.allow_private_web, signal=ctx.signal)
 
 
-def fetch_page(url: str, *, timeout: float, allow_private: bool, transport: Any = None) -> str:
+def fetch_page(
+    url: str,
+    *,
+    timeout: float,
+    allow_private: bool,
+    transport: Any = None,
+    signal: InterruptSignal | None = None,
+) -> str:
     """What web_fetch returns for `url`: the page as text, or a ToolError saying why not.
 
     Args:
@@ -83,6 +90,7 @@ def fetch_page(url: str, *, timeout: float, allow_private: bool, transport: Any 
         timeout: seconds the whole fetch may take (redirects and a slowly sent page included).
         allow_private: loopback and private addresses may be reached (`web.allow_private`).
         transport: an httpx2 transport to send through instead of the network (for tests).
+        signal: the call's stop signal: set, the fetch is cut off at once.
     """
     import httpx2
 
@@ -101,7 +109,8 @@ def fetch_page(url: str, *, timeout: float, allow_private: bool, transport: Any 
         except httpx2.HTTPError as exc:
             raise ToolError(f"cannot fetch {url}: {exc}") from None
 
-    final, status, kind, encoding, body = _interruptibly(fetch, abortable, url, timeout)
+    stop = signal if signal is not None else InterruptSignal()
+    final, status, kind, encoding, body = _interruptibly(fetch, abortable, url, timeout, stop)
     text = bytes(body[:_MAX_BYTES]).decode(encoding, errors="replace")
     if "html" in kind or text.lstrip()[:15].lower().startswith(("<!doctype html", "<html")):
         text = html_to_text(text)
@@ -112,10 +121,14 @@ def fetch_page(url: str, *, timeout: float, allow_private: bool, transport: Any 
 
 
 def _interruptibly(
-    fetch: Callable[[], _Fetched], transport: AbortableTransport, url: str, timeout: float
+    fetch: Callable[[], _Fetched],
+    transport: AbortableTransport,
+    url: str,
+    timeout: float,
+    signal: InterruptSignal,
 ) -> _Fetched:
     """Run `fetch` on a helper thread, so an interrupt cuts its connection instead of waiting for it."""
-    wake = context.waker()
+    wake = signal.notify
     outcome: dict[str, Any] = {}
 
     def run() -> None:
@@ -128,10 +141,10 @@ def _interruptibly(
 
     threading.Thread(target=run, name="mibyan-web-fetch", daemon=True).start()
     # The client's timeout bounds each read, not the whole fetch: a slow trickle must end too.
-    context.wait_or_stop(lambda: bool(outcome), timeout)
+    signal.wait_until(lambda: bool(outcome), timeout)
     if not outcome:
         transport.abort()
-        if context.stop_requested():
+        if signal.is_set():
             raise ToolError(f"interrupted while fetching {url}")
         raise ToolError(f"cannot fetch {url}: no complete reply within {timeout:g} s")
     if "error" in outcome:
