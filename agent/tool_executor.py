@@ -178,10 +178,10 @@ class ToolExecutorMixin(AgentBase):
 
     def _session_search(self, args: dict[str, Any], turn: TurnState) -> str:
         store = self.session.store
-        lineage = store.lineage(self.session.session_id)
+        lineage = store.lineage.ancestry(self.session.session_id)
         # a gateway channel's run sees its own channel's sessions, never other people's or agents'
         within = (
-            None if self.session_scope is None else [*lineage, *store.channel_sessions(self.session_scope)]
+            None if self.session_scope is None else [*lineage, *store.channels.sessions(self.session_scope)]
         )
         return search_sessions(
             store,
@@ -266,7 +266,7 @@ class ToolExecutorMixin(AgentBase):
                 allowed, why = self.tools.approvals.decide(subject, verdict, what=what)
                 if why:  # a command that needed approval: the transcript shows who decided, and how
                     detail = {"call_id": plan.call_id, "tool": plan.name, "allowed": allowed, "why": why}
-                    self.session.store.record_event(self.session.session_id, "approval", json.dumps(detail))
+                    self.session.store.events.record(self.session.session_id, "approval", json.dumps(detail))
                 if not allowed:
                     self.callbacks.emit("status_callback", "denied", f"{plan.name}: {why}")
                     return why, False

@@ -69,7 +69,7 @@ def age(timestamp: float) -> str:
 
 
 def _list(store: SessionStore, args: argparse.Namespace) -> int:
-    rows = store.list_sessions(args.limit)
+    rows = store.sessions.newest_first(args.limit)
     if args.json:
         _print_json([_session_json(row) for row in rows])
         return EXIT_OK
@@ -102,10 +102,10 @@ def _render_message(message: dict[str, Any]) -> str:
 
 
 def _show(store: SessionStore, args: argparse.Namespace) -> int:
-    session_id = store.resolve_id(args.id)
-    row = store.get_session(session_id) or {}
+    session_id = store.sessions.resolve_id(args.id)
+    row = store.sessions.get(session_id) or {}
     if args.json:
-        _print_json({**_session_json(row), "messages": store.load_messages(session_id)})
+        _print_json({**_session_json(row), "messages": store.messages.load(session_id)})
         return EXIT_OK
     print(
         visible(
@@ -113,7 +113,7 @@ def _show(store: SessionStore, args: argparse.Namespace) -> int:
             f"{row.get('message_count')} messages"
         )
     )
-    for message in store.load_messages(session_id):
+    for message in store.messages.load(session_id):
         print()
         print(visible(_render_message(message)))
     return EXIT_OK
@@ -144,12 +144,12 @@ def _search(store: SessionStore, args: argparse.Namespace) -> int:
 
 def export_lines(store: SessionStore, session_id: str, kind: str) -> Iterator[str]:
     """A session as JSONL (one message a line) or Markdown, each line safe on a terminal."""
-    messages = store.load_messages(session_id)
+    messages = store.messages.load(session_id)
     if kind == "jsonl":
         for message in messages:
             yield visible_json(json.dumps(message, ensure_ascii=False)) + "\n"
         return
-    row = store.get_session(session_id) or {}
+    row = store.sessions.get(session_id) or {}
     yield visible(f"# {row.get('title') or session_id}") + "\n\n"
     for message in messages:
         body = visible(_render_message(message).split(chr(10), 1)[-1])
@@ -157,14 +157,14 @@ def export_lines(store: SessionStore, session_id: str, kind: str) -> Iterator[st
 
 
 def _export(store: SessionStore, args: argparse.Namespace) -> int:
-    session_id = store.resolve_id(args.id)
+    session_id = store.sessions.resolve_id(args.id)
     sys.stdout.writelines(export_lines(store, session_id, args.format))
     return EXIT_OK
 
 
 def _delete(store: SessionStore, args: argparse.Namespace) -> int:
-    session_id = store.resolve_id(args.id)
-    doomed = store.descendants(session_id)
+    session_id = store.sessions.resolve_id(args.id)
+    doomed = store.lineage.descendants(session_id)
     if not args.yes:
         if not sys.stdin.isatty():
             sys.stderr.write("mibyan: refusing to delete without --yes when not at a terminal\n")
@@ -174,14 +174,14 @@ def _delete(store: SessionStore, args: argparse.Namespace) -> int:
         if answer not in ("y", "yes"):
             print("kept")
             return EXIT_OK
-    deleted = store.delete_session(session_id)
+    deleted = store.sessions.delete(session_id)
     print(f"deleted {', '.join(deleted)}")
     return EXIT_OK
 
 
 def _rename(store: SessionStore, args: argparse.Namespace) -> int:
-    session_id = store.resolve_id(args.id)
-    store.rename(session_id, " ".join(args.title))
+    session_id = store.sessions.resolve_id(args.id)
+    store.sessions.rename(session_id, " ".join(args.title))
     return EXIT_OK
 
 

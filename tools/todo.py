@@ -20,7 +20,7 @@ def render_todos(items: list[dict[str, Any]]) -> str:
 
 def apply_todo(store: SessionStore, session_id: str, args: dict[str, Any]) -> str:
     """Run one todo action against the session's list and return the list as the model sees it."""
-    items = store.get_todos(session_id)
+    items = store.todos.get(session_id)
     action = args.get("action", "list")
     if action == "add":
         texts = [t.strip() for t in args.get("items") or [] if isinstance(t, str) and t.strip()]
@@ -38,8 +38,8 @@ def apply_todo(store: SessionStore, session_id: str, args: dict[str, Any]) -> st
         items = [item for item in items if item["status"] not in ("done", "cancelled")]
     elif action != "list":
         raise ToolError("action must be add, update, list or clear")
-    store.save_todos(session_id, items)
-    return render_todos(store.get_todos(session_id))
+    store.todos.save(session_id, items)
+    return render_todos(store.todos.get(session_id))
 
 
 @tool(toolset="core")
