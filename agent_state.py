@@ -27,7 +27,7 @@ from mibyan.store.ledger import Channels, GatewayLedger
 from mibyan.store.messages import Message, Messages
 from mibyan.store.search import Search
 from mibyan.store.sessions import Lineage, Sessions
-from mibyan.store.sqlite import SqliteDatabase, SqliteDialect, busy_timeout_from_environment
+from mibyan.store.sqlite import SqliteDatabase, busy_timeout_from_environment
 from mibyan.store.sqlite_schema import MIGRATIONS
 from mibyan.store.todos import Todos
 
@@ -36,16 +36,9 @@ __all__ = [
     "SessionSink",
     "SessionStore",
     "StoreError",
-    "fts_query",
     "mask_secrets",
     "title_from",
 ]
-
-
-def fts_query(text: str) -> str:
-    """A user's words as the SQLite full-text query (every word required, a prefix match on the last);
-    "" when there are none, so nothing is searched."""
-    return SqliteDialect().words_query(text)
 
 
 class SessionStore:

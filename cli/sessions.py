@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
 
-from agent_state import SessionStore, fts_query
+from agent_state import SessionStore
 from mibyan.agent.errors import MibyanError
 from mibyan.cli.exit_codes import EXIT_ERROR, EXIT_OK, EXIT_USAGE
 from mibyan.cli.sanitize import visible, visible_json
@@ -121,7 +121,7 @@ def _show(store: SessionStore, args: argparse.Namespace) -> int:
 
 def _search(store: SessionStore, args: argparse.Namespace) -> int:
     query = " ".join(args.query)
-    if not fts_query(query):
+    if not store.search.words_query(query):
         raise UsageError(f"the search query {query!r} has no words to search for")
     since = None
     if args.since:

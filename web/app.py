@@ -28,7 +28,7 @@ from starlette.responses import HTMLResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from agent_state import SessionStore, fts_query
+from agent_state import SessionStore
 from mibyan.cli.sessions import age, export_lines
 from mibyan.web import live, transcript
 from mibyan.web.chart import token_chart
@@ -118,10 +118,11 @@ class Viewer:
     def search(self, request: Request) -> Response:
         query = request.query_params.get("q", "").strip()
         marks = (f"\ue000{secrets.token_hex(8)}\ue001", f"\ue002{secrets.token_hex(8)}\ue003")
-        hits = self.store.search(query, limit=SEARCH_LIMIT, marks=marks) if fts_query(query) else []
+        searched = bool(self.store.search.words_query(query))
+        hits = self.store.search(query, limit=SEARCH_LIMIT, marks=marks) if searched else []
         for hit in hits:
             hit["snippet_html"] = snippet_html(hit["snippet"], marks)
-        return self._page("search.html", q=query, hits=hits, searched=bool(fts_query(query)))
+        return self._page("search.html", q=query, hits=hits, searched=searched)
 
     def session(self, request: Request) -> Response:
         session_id = request.path_params["session_id"]
