@@ -302,11 +302,11 @@ def open_session(agent: AIAgent, session_id: str | None, *, source: str) -> None
 
     store = SessionStore.open(agent.home)
     messages: list[dict[str, Any]] = []
-    if session_id is not None and store.get_session(session_id) is not None:
-        session_id = store.newest_descendant(session_id)
-        row = store.get_session(session_id) or {}
+    if session_id is not None and store.sessions.get(session_id) is not None:
+        session_id = store.lineage.newest_descendant(session_id)
+        row = store.sessions.get(session_id) or {}
         agent.prompt.text = row.get("system_prompt") or None
-        messages = store.load_messages(session_id)
+        messages = store.messages.load(session_id)
 
     def meta() -> dict[str, Any]:
         runtime = agent.provider.runtime  # read at call time: after a failover it is the fallback

@@ -272,7 +272,7 @@ class ConversationLoopMixin(AgentBase):
             case _:
                 assert_never(step)
         if turn.api_calls:
-            self.session.store.add_usage(
+            self.session.store.sessions.add_usage(
                 self.session.session_id, turn.usage.input_tokens, turn.usage.output_tokens
             )
         if isinstance(step, Final) and self.compress_between_turns:

@@ -83,7 +83,7 @@ class PromptBuilderMixin(AgentBase):
         """
         text = self.prompt.text = self._build_system_prompt()
         self.prompt.custom = False
-        self.session.store.set_system_prompt(self.session.session_id, text)
+        self.session.store.sessions.set_system_prompt(self.session.session_id, text)
         return text
 
     def _skills(self) -> list[Skill]:
@@ -120,7 +120,7 @@ class PromptBuilderMixin(AgentBase):
         if self.prompt.skill_matcher is not None:
             matched += [s for s in self.prompt.skill_matcher.match(skills, message) if s not in matched]
         layers = [f"[Skill: {s.name}]\n{s.body}" for s in matched]
-        facts = self.session.store.relevant_facts(message, owner=self.memory.fact_owner)
+        facts = self.session.store.facts.relevant(message, owner=self.memory.fact_owner)
         if facts:
             text = capped("\n".join(f"- {fact}" for fact in facts), _FACTS_CAP)
             layers.append(f"[Facts you stored that may be relevant]\n{text}")

@@ -62,10 +62,10 @@ class SessionHandle:
         messages stay searchable and resuming the old session lands here. Returns the child's id.
         """
         parent, child = self.session_id, new_session_id()
-        self.store.end_session(parent, "compressed")
-        title = (self.store.get_session(parent) or {}).get("title")
-        self.store.create_session(child, **{**self.meta(), "parent_id": parent, "title": title})
-        self.store.save_todos(child, self.store.get_todos(parent))
+        self.store.sessions.end(parent, "compressed")
+        title = (self.store.sessions.get(parent) or {}).get("title")
+        self.store.sessions.create(child, **{**self.meta(), "parent_id": parent, "title": title})
+        self.store.todos.save(child, self.store.todos.get(parent))
         sink = SessionSink(self.store, child, self.meta)
         sink.replace_messages(messages)
         self.session_id = child

@@ -35,7 +35,7 @@ def lineage_root(store: SessionStore, session_id: str) -> str:
     """The session `session_id` was compressed from, first of all (itself when it was not)."""
     current, seen = session_id, {session_id}
     while True:
-        row = store.get_session(current)
+        row = store.sessions.get(current)
         parent = row.get("parent_id") if row is not None else None
         if not parent or row is None or row.get("source") == "subagent" or parent in seen:
             return current

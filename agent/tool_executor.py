@@ -218,7 +218,7 @@ class ToolExecutorMixin(AgentBase):
                 allowed, why = self.tools.approvals.decide(subject, verdict, what=what, signal=bound.signal)
                 if why:  # a command that needed approval: the transcript shows who decided, and how
                     detail = {"call_id": plan.call_id, "tool": plan.name, "allowed": allowed, "why": why}
-                    self.session.store.record_event(self.session.session_id, "approval", json.dumps(detail))
+                    self.session.store.events.record(self.session.session_id, "approval", json.dumps(detail))
                 if not allowed:
                     self.callbacks.emit("status_callback", "denied", f"{plan.name}: {why}")
                     return why, False

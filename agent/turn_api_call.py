@@ -96,7 +96,7 @@ class ApiCallMixin(AgentBase):
         response = with_text_tool_calls(response, request)
         turn.api_calls += 1
         turn.usage.add(response.usage)
-        self.session.store.record_model_call(
+        self.session.store.events.record_model_call(
             self.session.session_id, self.provider.runtime.model, response.usage.as_dict()
         )
         if turn.request_estimate and response.usage.input_tokens:

@@ -271,7 +271,7 @@ class ApiErrorMixin(AgentBase):
         self.provider.switch_to(runtime, self.settings)
         message = f"switched from {old.provider}/{old.model} to {runtime.provider}/{runtime.model} ({why})"
         self.callbacks.emit("status_callback", "failover", message)
-        self.session.store.record_event(self.session.session_id, "provider_switch", message)
+        self.session.store.events.record(self.session.session_id, "provider_switch", message)
 
     def _restore_primary(self) -> None:
         """At a new user turn the primary provider gets another chance.

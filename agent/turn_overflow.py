@@ -82,13 +82,13 @@ class OverflowMixin(AgentBase):
             self.callbacks.emit("status_callback", "compression_failed", "; ".join(problems))
             return None
         for fact in result.facts:  # the memory flush: what must outlive the dropped messages
-            self.session.store.add_fact(fact, owner=self.memory.fact_owner)
+            self.session.store.facts.add(fact, owner=self.memory.fact_owner)
         if not self.prompt.custom:
             self.prompt.text = None  # rebuilt for the child: memory written meanwhile gets in
         engine.on_session_end(self.session.session_id)
         child = self.session.continue_in_child(result.messages)
         report = f"{result.describe()}; continuing in session {child} ({reason})"
-        self.session.store.record_event(child, "compressed", report)
+        self.session.store.events.record(child, "compressed", report)
         engine.on_session_start(child)
         self.callbacks.emit("status_callback", "compressed", report)
         return report

@@ -103,7 +103,7 @@ def main() -> None:
                 extra_headers={"X-Mibyan-Channel": "b"},
             )
             store = SessionStore.open(home)
-            channels = store.query("SELECT count(*) FROM sessions WHERE channel IS NOT NULL")[0][0]
+            channels = store.channels.count()
             store.close()
             rss = resident_mib(gateway.process.pid)
             label = f"resident memory, 2 agents, {channels} idle channel sessions"

@@ -61,7 +61,7 @@ def insert_cost(
     samples = []
     for i in range(start, start + count):
         began = time.perf_counter()
-        store.append_message(session_id, message(i, rng))
+        store.messages.append(session_id, message(i, rng))
         samples.append((time.perf_counter() - began) * 1000)
     return samples
 
@@ -86,9 +86,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         home = Path(tmp)
         store = SessionStore.open(home)
-        store.create_session("growing", model="m", title="growing")
+        store.sessions.create("growing", model="m", title="growing")
         at_100 = insert_cost(store, "growing", 0, 100, rng)[-50:]
-        store.replace_messages("growing", [message(i, rng) for i in range(9_950)])
+        store.messages.replace("growing", [message(i, rng) for i in range(9_950)])
         at_10k = insert_cost(store, "growing", 9_950, 50, rng)
         show("insert one message, session of 100", at_100)
         show("insert one message, session of 10,000", at_10k, at_100)
@@ -104,9 +104,11 @@ def main() -> None:
         show("resume a 10,000-message session (AIAgent)", resume)
 
         for n in range(10):
-            store.create_session(f"bulk{n}", model="m", title=f"bulk {n}")
-            store.replace_messages(f"bulk{n}", [message(i, rng) for i in range(10_000)])
-        store.append_message("bulk3", {"role": "user", "content": "where did I put the zanzibarite crystal?"})
+            store.sessions.create(f"bulk{n}", model="m", title=f"bulk {n}")
+            store.messages.replace(f"bulk{n}", [message(i, rng) for i in range(10_000)])
+        store.messages.append(
+            "bulk3", {"role": "user", "content": "where did I put the zanzibarite crystal?"}
+        )
         searches = []
         for _ in range(20):
             began = time.perf_counter()

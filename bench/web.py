@@ -49,12 +49,12 @@ def _turn(i: int) -> list[dict[str, object]]:
 def build(home: Path) -> str:
     with SessionStore.open(home) as store:
         for s in range(250):
-            store.create_session(f"other{s:04d}", title=f"session {s}", source="cli", model="m")
+            store.sessions.create(f"other{s:04d}", title=f"session {s}", source="cli", model="m")
         messages = [m for i in range(500) for m in _turn(i)]
-        store.replace_messages("long", messages, create={"title": "a long session", "model": "m"})
+        store.messages.replace("long", messages, create={"title": "a long session", "model": "m"})
         for i in range(1000):
             usage = {"input_tokens": 1000 + i, "output_tokens": 50, "cache_read_tokens": 800}
-            store.record_model_call("long", "m", usage)
+            store.events.record_model_call("long", "m", usage)
     return "long"
 
 
@@ -107,10 +107,10 @@ def main() -> None:
                 assert response.status == 200, response.status
 
             listing = timed(lambda: get("/"))
-            floor = timed(lambda: store.list_sessions(51))
+            floor = timed(lambda: store.sessions.newest_first(51))
             show("web: sessions list (251 sessions, 50 shown)", listing, floor)
             page = timed(lambda: get(f"/s/{session_id}"))
-            floor = timed(lambda: store.load_messages(session_id))
+            floor = timed(lambda: store.messages.load(session_id))
             show("web: 2,000-message transcript, 1,000 calls", page, floor)
             budget = f"  budget {BUDGET_MS:.0f} ms: list {verdict(listing)}, transcript {verdict(page)}"
             print(budget, flush=True)

@@ -54,8 +54,10 @@ def _session_to_resume(args: argparse.Namespace) -> str | None:
     store = SessionStore.open(mibyan_home())
     try:
         if args.resume:
-            return store.resolve_id(args.resume)
-        latest = store.most_recent(source="cli")  # a gateway's channel or a script's run is not yours
+            return store.sessions.resolve_id(args.resume)
+        latest = store.sessions.most_recent(
+            source="cli"
+        )  # a gateway's channel or a script's run is not yours
         if latest is None:
             raise StoreError("there is no chat session to resume yet: start one with 'mibyan chat'")
         return latest
@@ -176,7 +178,7 @@ def _one_shot(agent: AIAgent, prompt: str, args: argparse.Namespace, progress: P
     handler = _InterruptHandler(agent)
     signal.signal(signal.SIGINT, handler)
     result = agent.run_conversation(prompt)
-    agent.session.store.end_session(agent.session_id, result["exit_reason"])  # `--resume` reopens it
+    agent.session.store.sessions.end(agent.session_id, result["exit_reason"])  # `--resume` reopens it
     progress.end_answer()
     if args.json:
         document = json.dumps(_json_result(result), ensure_ascii=False, indent=2)

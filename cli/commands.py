@@ -65,7 +65,9 @@ def _resume(repl: Repl, argument: str) -> None:
 
     store = repl.agent.store
     try:
-        session_id = store.resolve_id(argument) if argument else store.most_recent(source="cli")
+        session_id = (
+            store.sessions.resolve_id(argument) if argument else store.sessions.most_recent(source="cli")
+        )
     except StoreError as exc:  # an unknown or ambiguous id: say so and stay in this session
         repl.say(str(exc), style="red")
         return
@@ -84,7 +86,7 @@ def _resume(repl: Repl, argument: str) -> None:
 def _sessions(repl: Repl, argument: str) -> None:
     from mibyan.core.session_text import age
 
-    for row in repl.agent.store.list_sessions(15):
+    for row in repl.agent.store.sessions.newest_first(15):
         mark = "*" if row["id"] == repl.agent.session_id else " "
         repl.say(
             f" {mark}{row['id']}  {age(row['updated_at']):<9} {row['message_count']:>4}  {row['title'] or ''}"
@@ -161,7 +163,7 @@ def _undo(repl: Repl, argument: str) -> None:
 @command("title", "/title TEXT", "name this session")
 def _title(repl: Repl, argument: str) -> None:
     if argument:
-        repl.agent.store.rename(repl.agent.session_id, argument)
+        repl.agent.store.sessions.rename(repl.agent.session_id, argument)
         repl.say(f"titled: {argument}")
 
 
@@ -181,12 +183,12 @@ def _yolo(repl: Repl, argument: str) -> None:
 def _todo(repl: Repl, argument: str) -> None:
     from mibyan.tools.todo import render_todos
 
-    repl.say(render_todos(repl.agent.store.get_todos(repl.agent.session_id)))
+    repl.say(render_todos(repl.agent.store.todos.get(repl.agent.session_id)))
 
 
 def completions(kind: str | None, repl: Repl) -> list[str]:
     if kind == "sessions" and repl.ready():
-        return [row["id"] for row in repl.agent.store.list_sessions(30)]
+        return [row["id"] for row in repl.agent.store.sessions.newest_first(30)]
     if kind == "models":
         from mibyan.agent.tokens import CONTEXT_WINDOWS
 

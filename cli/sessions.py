@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
 
-from agent_state import SessionStore, fts_query
+from agent_state import SessionStore
 from mibyan.config.paths import mibyan_home
 from mibyan.core import session_text
 from mibyan.core.errors import MibyanError
@@ -62,7 +62,7 @@ def _session_json(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def _list(store: SessionStore, args: argparse.Namespace) -> int:
-    rows = store.list_sessions(args.limit)
+    rows = store.sessions.newest_first(args.limit)
     if args.json:
         _print_json([_session_json(row) for row in rows])
         return EXIT_OK
@@ -84,10 +84,10 @@ def _list(store: SessionStore, args: argparse.Namespace) -> int:
 
 
 def _show(store: SessionStore, args: argparse.Namespace) -> int:
-    session_id = store.resolve_id(args.id)
-    row = store.get_session(session_id) or {}
+    session_id = store.sessions.resolve_id(args.id)
+    row = store.sessions.get(session_id) or {}
     if args.json:
-        _print_json({**_session_json(row), "messages": store.load_messages(session_id)})
+        _print_json({**_session_json(row), "messages": store.messages.load(session_id)})
         return EXIT_OK
     print(
         visible(
@@ -95,7 +95,7 @@ def _show(store: SessionStore, args: argparse.Namespace) -> int:
             f"{row.get('message_count')} messages"
         )
     )
-    for message in store.load_messages(session_id):
+    for message in store.messages.load(session_id):
         print()
         print(visible(session_text.render_message(message)))
     return EXIT_OK
@@ -103,7 +103,7 @@ def _show(store: SessionStore, args: argparse.Namespace) -> int:
 
 def _search(store: SessionStore, args: argparse.Namespace) -> int:
     query = " ".join(args.query)
-    if not fts_query(query):
+    if not store.search.words_query(query):
         raise UsageError(f"the search query {query!r} has no words to search for")
     since = None
     if args.since:
@@ -126,19 +126,19 @@ def _search(store: SessionStore, args: argparse.Namespace) -> int:
 
 def export_lines(store: SessionStore, session_id: str, kind: str) -> Iterator[str]:
     """A stored session as JSONL or Markdown (`core.session_text.export_lines`), each line terminal-safe."""
-    row = store.get_session(session_id) or {}
-    return session_text.export_lines(row.get("title") or session_id, store.load_messages(session_id), kind)
+    row = store.sessions.get(session_id) or {}
+    return session_text.export_lines(row.get("title") or session_id, store.messages.load(session_id), kind)
 
 
 def _export(store: SessionStore, args: argparse.Namespace) -> int:
-    session_id = store.resolve_id(args.id)
+    session_id = store.sessions.resolve_id(args.id)
     sys.stdout.writelines(export_lines(store, session_id, args.format))
     return EXIT_OK
 
 
 def _delete(store: SessionStore, args: argparse.Namespace) -> int:
-    session_id = store.resolve_id(args.id)
-    doomed = store.descendants(session_id)
+    session_id = store.sessions.resolve_id(args.id)
+    doomed = store.lineage.descendants(session_id)
     if not args.yes:
         if not sys.stdin.isatty():
             sys.stderr.write("mibyan: refusing to delete without --yes when not at a terminal\n")
@@ -148,14 +148,14 @@ def _delete(store: SessionStore, args: argparse.Namespace) -> int:
         if answer not in ("y", "yes"):
             print("kept")
             return EXIT_OK
-    deleted = store.delete_session(session_id)
+    deleted = store.sessions.delete(session_id)
     print(f"deleted {', '.join(deleted)}")
     return EXIT_OK
 
 
 def _rename(store: SessionStore, args: argparse.Namespace) -> int:
-    session_id = store.resolve_id(args.id)
-    store.rename(session_id, " ".join(args.title))
+    session_id = store.sessions.resolve_id(args.id)
+    store.sessions.rename(session_id, " ".join(args.title))
     return EXIT_OK
 
 

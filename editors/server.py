@@ -187,7 +187,7 @@ class MibyanEditorAgent:
             session = await self._open(session_id, folder, mcp_servers)
         for update in updates.replay(list(session.agent.history), folder):
             self.outbox.post(session_id, update)
-        todos = session.agent.store.get_todos(session.agent.session_id)
+        todos = session.agent.store.todos.get(session.agent.session_id)
         if todos:
             self.outbox.post(session_id, updates.plan_update(todos))
         await self.outbox.flushed()
@@ -199,7 +199,7 @@ class MibyanEditorAgent:
 
         store = SessionStore.open(self._home)
         try:
-            row = store.get_session(session_id)
+            row = store.sessions.get(session_id)
         finally:
             store.close()
         if row is None:
@@ -220,13 +220,8 @@ class MibyanEditorAgent:
         from agent_state import SessionStore
 
         offset = int(cursor) if cursor and cursor.isdigit() else 0
-        where, params = ("AND cwd = ?", (cwd,)) if cwd else ("", ())
         with SessionStore.open(self._home) as store:
-            rows = store.query(
-                "SELECT id, cwd, title, updated_at FROM sessions WHERE source = 'acp' AND parent_id IS NULL "
-                f"{where} ORDER BY updated_at DESC LIMIT ? OFFSET ?",
-                (*params, _PAGE + 1, offset),
-            )
+            rows = store.sessions.started_by("acp", cwd=cwd, limit=_PAGE + 1, offset=offset)
         sessions = [
             SessionInfo(
                 session_id=row["id"],
@@ -258,7 +253,7 @@ class MibyanEditorAgent:
         )
         holder: dict[str, AIAgent] = {}
         bridge = TurnBridge(
-            acp_id, self.outbox, cwd, lambda: holder["agent"].store.get_todos(holder["agent"].session_id)
+            acp_id, self.outbox, cwd, lambda: holder["agent"].store.todos.get(holder["agent"].session_id)
         )
         try:
             async with self._building:

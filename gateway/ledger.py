@@ -1,4 +1,4 @@
-"""The delivery ledger: what arrived on each channel and what was answered, in state.db.
+"""The delivery ledger: what arrived on each channel and what was answered, in the session store.
 
 An inbound message is recorded before the connector acknowledges it, keyed per channel by the
 connector's message id (or the HTTP `Idempotency-Key`), so a repeat is recognised even across restarts.
@@ -12,12 +12,11 @@ Outbox states: pending (recorded, not yet handed over) → sent | stale.
 from __future__ import annotations
 
 import json
-import sqlite3
 import time
 from dataclasses import dataclass
 from typing import Any
 
-from agent_state import SessionStore, mask_secrets
+from agent_state import SessionStore
 
 #: How long finished messages stay in the ledger: a client repeating a request later than this runs it again.
 KEEP_FINISHED = 7 * 24 * 3600
@@ -49,7 +48,7 @@ class Reply:
     created_at: float
 
 
-def _entry(row: sqlite3.Row) -> InboxEntry:
+def _entry(row: dict[str, Any]) -> InboxEntry:
     return InboxEntry(
         id=int(row["id"]),
         channel=str(row["channel"]),
@@ -61,7 +60,7 @@ def _entry(row: sqlite3.Row) -> InboxEntry:
     )
 
 
-def _reply(row: sqlite3.Row) -> Reply:
+def _reply(row: dict[str, Any]) -> Reply:
     body = json.loads(row["reply"])
     return Reply(
         inbox_id=int(row["inbox_id"]),
@@ -75,7 +74,7 @@ def _reply(row: sqlite3.Row) -> Reply:
 
 
 class Ledger:
-    """The inbox and outbox tables of one session store."""
+    """The inbox and outbox of one session store (its `ledger` and `channels`), as typed entries."""
 
     def __init__(self, store: SessionStore) -> None:
         self.store = store
@@ -88,123 +87,63 @@ class Ledger:
         Returns:
             The entry, and whether it is new (False: this channel already had this message key).
         """
-        text = mask_secrets(json.dumps(request, ensure_ascii=False))
-        with self.store.transaction() as db:
-            if message_key is not None:
-                row = db.execute(
-                    "SELECT * FROM gateway_inbox WHERE channel = ? AND message_key = ?",
-                    (channel, message_key),
-                ).fetchone()
-                if row is not None:
-                    return _entry(row), False
-            cursor = db.execute(
-                "INSERT INTO gateway_inbox (channel, message_key, request, received_at) VALUES (?, ?, ?, ?)",
-                (channel, message_key, text, time.time()),
-            )
-            row = db.execute("SELECT * FROM gateway_inbox WHERE id = ?", (cursor.lastrowid,)).fetchone()
-        return _entry(row), True
+        row, new = self.store.ledger.record_inbound(
+            channel, message_key, json.dumps(request, ensure_ascii=False)
+        )
+        return _entry(row), new
 
     def mark_running(self, inbox_id: int, session_id: str, history_length: int) -> None:
         """An agent starts on the message; `history_length` is the session's length before its turn."""
-        with self.store.transaction() as db:
-            db.execute(
-                "UPDATE gateway_inbox SET status = 'running', session_id = ?, history_length = ?"
-                " WHERE id = ?",
-                (session_id, history_length, inbox_id),
-            )
+        self.store.ledger.mark_running(inbox_id, session_id, history_length)
 
     def set_status(self, inbox_id: int, status: str) -> None:
         """Set an inbound message's state (failed, say, or answered without a run)."""
-        with self.store.transaction() as db:
-            db.execute("UPDATE gateway_inbox SET status = ? WHERE id = ?", (status, inbox_id))
+        self.store.ledger.set_status(inbox_id, status)
 
     def record_reply(self, entry: InboxEntry, text: str, session_id: str, usage: dict[str, int]) -> Reply:
         """Record the answer (and close the inbound message) before anything is sent."""
-        now = time.time()
         body = json.dumps({"text": text, "session_id": session_id, "usage": usage}, ensure_ascii=False)
-        with self.store.transaction() as db:
-            db.execute(
-                "INSERT OR IGNORE INTO gateway_outbox (inbox_id, channel, reply, created_at)"
-                " VALUES (?, ?, ?, ?)",
-                (entry.id, entry.channel, mask_secrets(body), now),
-            )
-            db.execute("UPDATE gateway_inbox SET status = 'answered' WHERE id = ?", (entry.id,))
+        self.store.ledger.record_reply(entry.id, entry.channel, body)
         reply = self.reply_for(entry.id)
         assert reply is not None
         return reply
 
     def reply_for(self, inbox_id: int) -> Reply | None:
         """The reply recorded for an inbound message, whatever its delivery state; None before one."""
-        rows = self.store.query("SELECT * FROM gateway_outbox WHERE inbox_id = ?", (inbox_id,))
-        return _reply(rows[0]) if rows else None
+        row = self.store.ledger.reply(inbox_id)
+        return _reply(row) if row else None
 
     def mark_sent(self, inbox_id: int) -> None:
         """The reply to `inbox_id` has been handed to its connector (a no-op before one is recorded)."""
-        with self.store.transaction() as db:
-            db.execute(
-                "UPDATE gateway_outbox SET status = 'sent', sent_at = ?"
-                " WHERE inbox_id = ? AND status != 'sent'",
-                (time.time(), inbox_id),
-            )
+        self.store.ledger.mark_sent(inbox_id)
 
     def unfinished(self) -> list[InboxEntry]:
         """Messages that were recorded but not answered (queued or cut off by a stop), oldest first."""
-        rows = self.store.query(
-            "SELECT * FROM gateway_inbox WHERE status IN ('pending', 'running') ORDER BY id"
-        )
-        return [_entry(r) for r in rows]
+        return [_entry(r) for r in self.store.ledger.unfinished()]
 
     def undelivered(self, within: float) -> list[Reply]:
         """Replies recorded but never sent; those older than `within` seconds are marked stale instead."""
-        cutoff = time.time() - within
-        with self.store.transaction() as db:
-            db.execute(
-                "UPDATE gateway_outbox SET status = 'stale' WHERE status = 'pending' AND created_at < ?",
-                (cutoff,),
-            )
-        rows = self.store.query("SELECT * FROM gateway_outbox WHERE status = 'pending' ORDER BY id")
-        return [_reply(r) for r in rows]
+        return [_reply(r) for r in self.store.ledger.undelivered(time.time() - within)]
 
     def forget_finished(self, older_than: float = KEEP_FINISHED) -> int:
         """Delete messages finished (answered and sent, stale or failed) more than `older_than` seconds
         ago, with their replies; returns how many. Unfinished ones are always kept."""
-        cutoff = time.time() - older_than
-        finished = (
-            "SELECT i.id FROM gateway_inbox i LEFT JOIN gateway_outbox o ON o.inbox_id = i.id"
-            " WHERE i.received_at < ? AND (i.status = 'failed'"
-            " OR (i.status = 'answered' AND (o.status IS NULL OR o.status IN ('sent', 'stale'))))"
-        )
-        with self.store.transaction() as db:
-            ids = [row[0] for row in db.execute(finished, (cutoff,)).fetchall()]
-            for start in range(0, len(ids), 500):
-                chunk = ids[start : start + 500]
-                marks = ", ".join("?" * len(chunk))
-                db.execute(f"DELETE FROM gateway_outbox WHERE inbox_id IN ({marks})", chunk)
-                db.execute(f"DELETE FROM gateway_inbox WHERE id IN ({marks})", chunk)
-        return len(ids)
+        return self.store.ledger.forget_finished(time.time() - older_than)
 
     def channel_session(self, channel: str) -> str | None:
         """The session a channel started (follow its compression lineage for the newest one)."""
-        rows = self.store.query(
-            "SELECT id FROM sessions WHERE channel = ? ORDER BY created_at LIMIT 1", (channel,)
-        )
-        return str(rows[0]["id"]) if rows else None
+        return self.store.channels.first_session(channel)
 
     def tag_session(self, session_id: str, channel: str) -> None:
         """Mark a session (a compression descendant, say) as the channel's."""
-        with self.store.transaction() as db:
-            db.execute(
-                "UPDATE sessions SET channel = ? WHERE id = ? AND channel IS NULL", (channel, session_id)
-            )
+        self.store.channels.tag(session_id, channel)
 
     def entry(self, inbox_id: int) -> InboxEntry | None:
         """One inbound message by its ledger id (a chat connector re-sending its reply needs its id)."""
-        rows = self.store.query("SELECT * FROM gateway_inbox WHERE id = ?", (inbox_id,))
-        return _entry(rows[0]) if rows else None
+        row = self.store.ledger.inbound(inbox_id)
+        return _entry(row) if row else None
 
     def end_channel_session(self, channel: str) -> int:
         """In-chat /new: the channel's sessions stop being its sessions (they stay in the store, titled by
         the channel), so its next message starts a fresh one; returns how many were let go."""
-        with self.store.transaction() as db:
-            cursor = db.execute("UPDATE sessions SET channel = NULL WHERE channel = ?", (channel,))
-        return int(cursor.rowcount)
+        return self.store.channels.release(channel)

@@ -415,9 +415,9 @@ class Gateway:
         self, agent: AIAgent, entry: InboxEntry, session_id: str | None, instance: AgentInstance
     ) -> None:
         """A new channel gets its session row (source gateway, the channel's key)."""
-        if session_id is None or self.store.get_session(agent.session_id) is None:
+        if session_id is None or self.store.sessions.get(agent.session_id) is None:
             runtime = agent.runtime
-            self.store.create_session(
+            self.store.sessions.create(
                 agent.session_id,
                 source="gateway",
                 channel=entry.channel,

@@ -88,7 +88,7 @@ def test_a_long_conversation_is_compressed_and_completes(
     assert store.get_session(original_session)["end_reason"] == "compressed"
     assert store.search("module_42")[0]["session_id"] == original_session
     assert make_agent(session_id=original_session).session_id == child
-    assert store.relevant_facts("where are the modules kept?") == ["The project keeps its modules in src/."]
+    assert store.facts.relevant("where are the modules kept?") == ["The project keeps its modules in src/."]
 
 
 def test_a_failing_summarizer_still_leaves_a_valid_history(

@@ -109,7 +109,7 @@ def test_todo_list_is_kept_with_the_session(server: ScriptedServer, make_agent, 
     results = [m["content"] for m in result["messages"] if m["role"] == "tool"]
     assert results[0] == "1. [ ] write tests\n2. [ ] fix bug"
     assert results[1] == "1. [ ] write tests\n2. [x] fix bug"
-    assert SessionStore.open(home).get_todos(result["session_id"])[1]["status"] == "done"
+    assert SessionStore.open(home).todos.get(result["session_id"])[1]["status"] == "done"
     server.add(
         Reply(tool_calls=[("todo", {"action": "update", "id": 9, "status": "done"})]), Reply(text="ok")
     )

@@ -45,7 +45,7 @@ def inserted_migration() -> Iterator[None]:
 def test_a_database_numbered_by_user_version_opens_with_its_data(numbered_db: Path) -> None:
     with SessionStore(numbered_db) as store:
         assert store.load_messages("s0ld000001")[-1]["content"] == "pg-stage-3"
-        assert store.relevant_facts("staging") == ["Staging lives on pg-stage-3."]
+        assert store.facts.relevant("staging") == ["Staging lives on pg-stage-3."]
         assert [hit["session_id"] for hit in store.search("staging")] == ["s0ld000001"]
     # the four it had, recorded by name, and the later ones applied
     assert applied(numbered_db) == sorted(step.__name__ for step in agent_state.MIGRATIONS)

@@ -254,7 +254,7 @@ def test_a_banner_at_start_and_a_spinner_until_the_first_token(
 
     store = SessionStore.open(home)
     try:
-        assert f"session {store.most_recent()}" in banner
+        assert f"session {store.sessions.most_recent()}" in banner
     finally:
         store.close()
 

@@ -21,7 +21,7 @@ def test_matched_facts_never_move_the_cached_anthropic_system_block(
 ) -> None:
     scripted.default = lambda body: Reply(text="ok")
     agent = make_scripted_agent(api_mode="anthropic_messages")
-    agent.store.add_fact("The staging database is pg-stage-3.")
+    agent.store.facts.add("The staging database is pg-stage-3.")
 
     for said in ("hello there", "which staging database do we use?", "thanks"):
         agent.chat(said)

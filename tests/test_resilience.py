@@ -73,7 +73,7 @@ def test_a_failing_primary_hands_the_conversation_to_the_fallback(server: Script
     assert models[:2] == ["primary-model", "primary-model"]  # the first try and one retry
     assert set(models[2:]) == {"backup-model"}
     assert any(kind == "failover" for kind, _ in events)
-    recorded = SessionStore.open(home).events(result["session_id"])
+    recorded = SessionStore.open(home).events.of(result["session_id"])
     assert recorded[0]["kind"] == "provider_switch" and "backup/backup-model" in recorded[0]["detail"]
 
     before = len(server.requests)

@@ -75,7 +75,7 @@ def test_sessions_commands_never_print_a_raw_escape(server: ScriptedServer, make
     server.add(Reply(text=HOSTILE))
     agent = make_agent()
     agent.run_conversation("say hello")
-    agent.store.rename(agent.session_id, "title \x1b[2J\u202e")
+    agent.store.sessions.rename(agent.session_id, "title \x1b[2J\u202e")
     # Text shows an escape as \x1b; JSON (--json, and export's JSONL) writes it as \u001b.
     for args, escaped in (
         (("list",), "\\x1b"),

@@ -29,10 +29,10 @@ def apply_memory(
         if mask_secrets(content) != content:
             raise ToolError("that looks like a secret (a key or token); secrets are never stored")
         memory.check_keeps()
-        store.add_fact(content.strip(), owner=memory.fact_owner)
+        store.facts.add(content.strip(), owner=memory.fact_owner)
         return "fact stored; it will be offered again when a message mentions its words"
     if action == "recall":
-        facts = store.relevant_facts(query or content, owner=memory.fact_owner)
+        facts = store.facts.relevant(query or content, owner=memory.fact_owner)
         return "\n".join(f"- {f}" for f in facts) or "no stored fact matches"
     return memory.change(target, action, content=content, old=old)
 

@@ -87,10 +87,10 @@ def session_search(
     """
     agent = ctx.require_agent("session_search")
     store = agent.session.store
-    lineage = store.lineage(agent.session.session_id)
+    lineage = store.lineage.ancestry(agent.session.session_id)
     # a gateway channel's run sees its own channel's sessions, never other people's or agents'
     scoped = agent.session_scope
-    within = None if scoped is None else [*lineage, *store.channel_sessions(scoped)]
+    within = None if scoped is None else [*lineage, *store.channels.sessions(scoped)]
     return search_sessions(
         store,
         query=str(query),

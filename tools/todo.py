@@ -28,7 +28,7 @@ def apply_todo(
     status: str | None = None,
 ) -> str:
     """Run one todo action against the session's list and return the list as the model sees it."""
-    items = store.get_todos(session_id)
+    items = store.todos.get(session_id)
     if action == "add":
         texts = [t.strip() for t in new or [] if isinstance(t, str) and t.strip()]
         if not texts:
@@ -44,8 +44,8 @@ def apply_todo(
         items = [item for item in items if item["status"] not in ("done", "cancelled")]
     elif action != "list":
         raise ToolError("action must be add, update, list or clear")
-    store.save_todos(session_id, items)
-    return render_todos(store.get_todos(session_id))
+    store.todos.save(session_id, items)
+    return render_todos(store.todos.get(session_id))
 
 
 @tool(toolset="core")

@@ -28,7 +28,7 @@ from starlette.responses import HTMLResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from agent_state import SessionStore, fts_query
+from agent_state import SessionStore
 from mibyan.core.session_text import age, export_lines
 from mibyan.web import live, transcript
 from mibyan.web.chart import token_chart
@@ -104,8 +104,8 @@ class Viewer:
     def sessions(self, request: Request) -> Response:
         source = request.query_params.get("source") or None
         page = max(0, _int(request.query_params.get("page"), 0))
-        rows = self.store.list_sessions(LIST_PAGE + 1, offset=page * LIST_PAGE, source=source)
-        sources = [r["source"] for r in self.store.query("SELECT DISTINCT source FROM sessions ORDER BY 1")]
+        rows = self.store.sessions.newest_first(LIST_PAGE + 1, offset=page * LIST_PAGE, source=source)
+        sources = self.store.sessions.sources()
         return self._page(
             "list.html",
             sessions=rows[:LIST_PAGE],
@@ -118,37 +118,33 @@ class Viewer:
     def search(self, request: Request) -> Response:
         query = request.query_params.get("q", "").strip()
         marks = (f"\ue000{secrets.token_hex(8)}\ue001", f"\ue002{secrets.token_hex(8)}\ue003")
-        hits = self.store.search(query, limit=SEARCH_LIMIT, marks=marks) if fts_query(query) else []
+        searched = bool(self.store.search.words_query(query))
+        hits = self.store.search(query, limit=SEARCH_LIMIT, marks=marks) if searched else []
         for hit in hits:
             hit["snippet_html"] = snippet_html(hit["snippet"], marks)
-        return self._page("search.html", q=query, hits=hits, searched=bool(fts_query(query)))
+        return self._page("search.html", q=query, hits=hits, searched=searched)
 
     def session(self, request: Request) -> Response:
         session_id = request.path_params["session_id"]
-        row = self.store.get_session(session_id)
+        row = self.store.sessions.get(session_id)
         if row is None:
             return self._missing(session_id)
         page = request.query_params.get("page")
         number = None if page is None else _int(page, 0)
         view = transcript.load_transcript(self.store, row, number, page_size=self.page_size)
-        calls = self.store.model_calls(session_id) if self._has_model_calls() else []
+        calls = self.store.events.model_calls(session_id)
         chart = token_chart(calls, lambda seq: f"?page={max(0, seq) // self.page_size}#m{seq}")
         return self._page("session.html", t=view, s=row, chart=chart, calls=calls)
-
-    def _has_model_calls(self) -> bool:
-        """Whether the database has the model_calls table (one an older mibyan wrote may not: the viewer
-        reads, it never migrates)."""
-        return bool(self.store.query("SELECT 1 FROM sqlite_master WHERE name = 'model_calls'"))
 
     def export(self, request: Request) -> Response:
         session_id, kind = request.path_params["session_id"], request.path_params["kind"]
         if kind not in _EXPORTS:
             return PlainTextResponse("404: export as .jsonl or .md\n", status_code=404)
-        row = self.store.get_session(session_id)
+        row = self.store.sessions.get(session_id)
         if row is None:
             return self._missing(session_id)
         title = row.get("title") or session_id
-        body = "".join(export_lines(title, self.store.load_messages(session_id), kind))
+        body = "".join(export_lines(title, self.store.messages.load(session_id), kind))
         name = re.sub(r"[^A-Za-z0-9_-]", "_", session_id)[:64] or "session"
         headers = {"Content-Disposition": f'attachment; filename="mibyan-{name}.{kind}"'}
         return Response(body, media_type=f"{_EXPORTS[kind]}; charset=utf-8", headers=headers)

@@ -65,7 +65,7 @@ def poll(store: SessionStore, render: Render, watch: Watch) -> list[str]:
 
 
 def _ended_compressed(store: SessionStore, session_id: str) -> bool:
-    row = store.get_session(session_id) or {}
+    row = store.sessions.get(session_id) or {}
     return row.get("end_reason") == "compressed"
 
 

@@ -22,7 +22,6 @@ NESTED_MESSAGES = 200
 #: How deep subagents of subagents are nested before they are only linked.
 NESTED_DEPTH = 2
 
-_COLUMNS = "id, seq, role, content, tool_calls, tool_call_id, name, reasoning, created_at"
 #: The start of a tool result that means the command did not run because nobody approved it.
 _REFUSALS = ("denied by user", "refused:", "blocked:", "not run:", "blocked by a hook")
 #: The line of a delegate_task report naming the subagent's session (tools/delegation.py writes it).
@@ -130,20 +129,12 @@ def _calls_of(row: dict[str, Any]) -> list[Call]:
 
 def message_rows(store: SessionStore, session_id: str, start: int, stop: int) -> list[dict[str, Any]]:
     """The session's messages with a seq from `start` to `stop` (excluded), without provider data."""
-    rows = store.query(
-        f"SELECT {_COLUMNS} FROM messages WHERE session_id = ? AND seq >= ? AND seq < ? ORDER BY seq",
-        (session_id, start, stop),
-    )
-    return [dict(row) for row in rows]
+    return store.messages.rows(session_id, start, stop)
 
 
 def new_rows(store: SessionStore, session_id: str, after_seq: int) -> list[dict[str, Any]]:
     """The messages from `after_seq` on (that one included, to tell whether it is still the same)."""
-    rows = store.query(
-        f"SELECT {_COLUMNS} FROM messages WHERE session_id = ? AND seq >= ? ORDER BY seq",
-        (session_id, after_seq),
-    )
-    return [dict(row) for row in rows]
+    return store.messages.rows(session_id, after_seq)
 
 
 def build_items(rows: list[dict[str, Any]]) -> list[Item]:
@@ -192,13 +183,7 @@ def _approvals(events: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 def children(store: SessionStore, session_id: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(compression children, subagent sessions) of a session, oldest first."""
-    rows = store.query(
-        "SELECT id, title, source, model, message_count, input_tokens, output_tokens, created_at,"
-        " updated_at, end_reason, EXISTS (SELECT 1 FROM session_events e WHERE e.session_id = sessions.id"
-        " AND e.kind = 'compressed') AS compacted FROM sessions WHERE parent_id = ? ORDER BY created_at",
-        (session_id,),
-    )
-    children = [dict(row) for row in rows]
+    children = store.lineage.children(session_id)
     return [c for c in children if c["compacted"]], [c for c in children if not c["compacted"]]
 
 
@@ -231,7 +216,7 @@ def nested(store: SessionStore, session: dict[str, Any], depth: int) -> Nested:
     if depth >= NESTED_DEPTH:
         return Nested(session, [], session["message_count"])
     items = build_items(message_rows(store, session["id"], 0, NESTED_MESSAGES))
-    events = store.events(session["id"])
+    events = store.events.of(session["id"])
     _mark_approvals(items, _approvals(events))
     _, subagents = children(store, session["id"])
     _place_subagents(store, items, subagents, depth + 1)
@@ -262,12 +247,12 @@ def load_transcript(
     pages = max(1, -(-int(session["message_count"]) // page_size))
     page = pages - 1 if page is None else min(max(0, page), pages - 1)
     items = build_items(message_rows(store, session_id, page * page_size, (page + 1) * page_size))
-    events = store.events(session_id)
+    events = store.events.of(session_id)
     _mark_approvals(items, _approvals(events))
     continued_in, subagents = children(store, session_id)
     unclaimed = _place_subagents(store, items, subagents, 0)
     last_page = page == pages - 1
-    parent = store.get_session(session["parent_id"]) if session.get("parent_id") else None
+    parent = store.sessions.get(session["parent_id"]) if session.get("parent_id") else None
     return Transcript(
         session=session,
         items=items,

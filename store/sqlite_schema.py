@@ -1,8 +1,8 @@
-"""The session database's schema: each migration once per database, recorded by name.
+"""The SQLite schema: each migration once per database, recorded by name (store/migrations.py).
 
-A migration is a function registered with `@migration`; `SessionStore` (agent_state.py) applies, in
-order, those a database has not had. The first four were once numbered by `PRAGMA user_version`;
-a database numbered that way is recorded by name when it is first opened.
+The SQLite backend (store/sqlite.py) applies, in order, those a database has not had. The first four
+were once numbered by `PRAGMA user_version`; a database numbered that way is recorded by name when it
+is first opened. The full-text index is FTS5, kept in sync by triggers.
 """
 
 from __future__ import annotations
@@ -10,20 +10,18 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Callable
 
+from mibyan.store.migrations import APPLIED_TABLE, Migrations
+
 Migration = Callable[[sqlite3.Connection], None]
-MIGRATIONS: list[Migration] = []
+SCHEMA: Migrations[sqlite3.Connection] = Migrations("sqlite")
+#: The migrations in order (the list itself: a test inserts one, as a later release might).
+MIGRATIONS = SCHEMA.steps
+migration = SCHEMA.register
 
 #: The migrations that were numbered by `PRAGMA user_version` before they were recorded by name, in the
 #: order that numbered them: a database at user_version N has the first N of these.
 NUMBERED = ("_create_tables", "_create_session_events", "_create_todos", "_create_facts")
-APPLIED_TABLE = "_mibyan_migrations"
-
-
-def migration(fn: Migration) -> Migration:
-    """Register a schema migration. Each runs once per database and is recorded by its name (the
-    function's name: never rename one), so inserting or reordering migrations cannot skip one."""
-    MIGRATIONS.append(fn)
-    return fn
+__all__ = ["APPLIED_TABLE", "MIGRATIONS", "NUMBERED", "SCHEMA", "Migration", "migration"]
 
 
 @migration

@@ -1,0 +1,158 @@
+"""The gateway's delivery ledger (inbox and outbox) and which sessions belong to which channel.
+
+The rows as stored; gateway/ledger.py reads them into its own typed entries and says what the states
+mean (inbox: pending → running → answered | failed; outbox: pending → sent | stale).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from mibyan.core.redact import mask_secrets
+from mibyan.store.database import Database, row_dict
+
+#: Rows deleted per statement when finished messages are forgotten (SQLite allows 999 parameters).
+_CHUNK = 500
+
+
+class GatewayLedger:
+    """The `gateway_inbox` and `gateway_outbox` tables. Texts are stored with their secrets masked."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    def record_inbound(
+        self, channel: str, message_key: str | None, request: str
+    ) -> tuple[dict[str, Any], bool]:
+        """Record an inbound message (`request`: its JSON text) unless the channel has its key already.
+
+        Returns:
+            The inbox row, and whether it is new (False: the row recorded before under that key).
+        """
+        with self._db.transaction() as db:
+            if message_key is not None:
+                row = db.execute(
+                    "SELECT * FROM gateway_inbox WHERE channel = ? AND message_key = ?",
+                    (channel, message_key),
+                ).fetchone()
+                if row is not None:
+                    return row_dict(row), False
+            (row,) = db.execute(
+                "INSERT INTO gateway_inbox (channel, message_key, request, received_at) VALUES (?, ?, ?, ?)"
+                " RETURNING *",
+                (channel, message_key, mask_secrets(request), time.time()),
+            ).fetchall()
+        return row_dict(row), True
+
+    def mark_running(self, inbox_id: int, session_id: str, history_length: int) -> None:
+        with self._db.transaction() as db:
+            db.execute(
+                "UPDATE gateway_inbox SET status = 'running', session_id = ?, history_length = ?"
+                " WHERE id = ?",
+                (session_id, history_length, inbox_id),
+            )
+
+    def set_status(self, inbox_id: int, status: str) -> None:
+        with self._db.transaction() as db:
+            db.execute("UPDATE gateway_inbox SET status = ? WHERE id = ?", (status, inbox_id))
+
+    def record_reply(self, inbox_id: int, channel: str, reply: str) -> None:
+        """Record the reply (`reply`: its JSON text) unless one is recorded, and mark the inbound
+        message answered, in one transaction."""
+        with self._db.transaction() as db:
+            db.execute(
+                "INSERT INTO gateway_outbox (inbox_id, channel, reply, created_at) VALUES (?, ?, ?, ?)"
+                " ON CONFLICT DO NOTHING",
+                (inbox_id, channel, mask_secrets(reply), time.time()),
+            )
+            db.execute("UPDATE gateway_inbox SET status = 'answered' WHERE id = ?", (inbox_id,))
+
+    def inbound(self, inbox_id: int) -> dict[str, Any] | None:
+        rows = self._db.query("SELECT * FROM gateway_inbox WHERE id = ?", (inbox_id,))
+        return row_dict(rows[0]) if rows else None
+
+    def reply(self, inbox_id: int) -> dict[str, Any] | None:
+        rows = self._db.query("SELECT * FROM gateway_outbox WHERE inbox_id = ?", (inbox_id,))
+        return row_dict(rows[0]) if rows else None
+
+    def mark_sent(self, inbox_id: int) -> None:
+        with self._db.transaction() as db:
+            db.execute(
+                "UPDATE gateway_outbox SET status = 'sent', sent_at = ?"
+                " WHERE inbox_id = ? AND status != 'sent'",
+                (time.time(), inbox_id),
+            )
+
+    def unfinished(self) -> list[dict[str, Any]]:
+        """Inbox rows pending or running, oldest first."""
+        rows = self._db.query(
+            "SELECT * FROM gateway_inbox WHERE status IN ('pending', 'running') ORDER BY id"
+        )
+        return [row_dict(r) for r in rows]
+
+    def undelivered(self, recorded_after: float) -> list[dict[str, Any]]:
+        """Outbox rows still pending, oldest first; those recorded before `recorded_after` are marked
+        stale first, and left out."""
+        with self._db.transaction() as db:
+            db.execute(
+                "UPDATE gateway_outbox SET status = 'stale' WHERE status = 'pending' AND created_at < ?",
+                (recorded_after,),
+            )
+        rows = self._db.query("SELECT * FROM gateway_outbox WHERE status = 'pending' ORDER BY id")
+        return [row_dict(r) for r in rows]
+
+    def forget_finished(self, received_before: float) -> int:
+        """Delete the messages received before `received_before` that are finished (answered and sent,
+        stale or failed), with their replies; returns how many."""
+        finished = (
+            "SELECT i.id FROM gateway_inbox i LEFT JOIN gateway_outbox o ON o.inbox_id = i.id"
+            " WHERE i.received_at < ? AND (i.status = 'failed'"
+            " OR (i.status = 'answered' AND (o.status IS NULL OR o.status IN ('sent', 'stale'))))"
+        )
+        with self._db.transaction() as db:
+            ids = [row["id"] for row in db.execute(finished, (received_before,)).fetchall()]
+            for start in range(0, len(ids), _CHUNK):
+                chunk = ids[start : start + _CHUNK]
+                marks = ", ".join("?" * len(chunk))
+                db.execute(f"DELETE FROM gateway_outbox WHERE inbox_id IN ({marks})", chunk)
+                db.execute(f"DELETE FROM gateway_inbox WHERE id IN ({marks})", chunk)
+        return len(ids)
+
+
+class Channels:
+    """Which sessions are a gateway channel's (the `channel` column of `sessions`, holding the channel's
+    key `<agent>/<connector>/<channel>`)."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    def sessions(self, channel: str) -> list[str]:
+        """Every session of the channel."""
+        return [
+            str(row["id"]) for row in self._db.query("SELECT id FROM sessions WHERE channel = ?", (channel,))
+        ]
+
+    def first_session(self, channel: str) -> str | None:
+        """The session the channel started (follow its compression lineage for the newest one)."""
+        rows = self._db.query(
+            "SELECT id FROM sessions WHERE channel = ? ORDER BY created_at LIMIT 1", (channel,)
+        )
+        return str(rows[0]["id"]) if rows else None
+
+    def tag(self, session_id: str, channel: str) -> None:
+        """Mark a session (a compression descendant, say) as the channel's, unless it is another's."""
+        with self._db.transaction() as db:
+            db.execute(
+                "UPDATE sessions SET channel = ? WHERE id = ? AND channel IS NULL", (channel, session_id)
+            )
+
+    def release(self, channel: str) -> int:
+        """The channel's sessions stop being its (they stay in the store); returns how many."""
+        with self._db.transaction() as db:
+            cursor = db.execute("UPDATE sessions SET channel = NULL WHERE channel = ?", (channel,))
+        return int(cursor.rowcount)
+
+    def count(self) -> int:
+        """How many sessions belong to some channel."""
+        return int(self._db.query("SELECT count(*) AS n FROM sessions WHERE channel IS NOT NULL")[0]["n"])

@@ -1,0 +1,141 @@
+"""Messages: one INSERT per final message, with the session's counters in the same transaction."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from mibyan.core.redact import mask_secrets
+from mibyan.store.database import Connection, Database, Row, StoreError, row_dict
+from mibyan.store.sessions import insert_session
+
+Message = dict[str, Any]
+
+_INSERT = (
+    "INSERT INTO messages (session_id, seq, role, content, tool_calls, tool_call_id, name, reasoning,"
+    " provider_data, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+#: The columns a viewer shows (provider data, which may be large, left out).
+_SHOWN = "id, seq, role, content, tool_calls, tool_call_id, name, reasoning, created_at"
+# A session that ended (a one-shot's) and is written to again (resumed) has not ended; a compressed one
+# stays ended: it went on in its child
+_GOES_ON = (
+    " ended_at = CASE WHEN end_reason = 'compressed' THEN ended_at END,"
+    " end_reason = CASE WHEN end_reason = 'compressed' THEN end_reason END"
+)
+
+
+def _masked(value: str | None) -> str | None:
+    return mask_secrets(value) if value else value
+
+
+def _row_to_message(row: Row) -> Message:
+    message: Message = {"role": row["role"], "content": row["content"]}
+    if row["tool_calls"]:
+        message["tool_calls"] = json.loads(row["tool_calls"])
+    if row["tool_call_id"]:
+        message["tool_call_id"] = row["tool_call_id"]
+    if row["name"]:
+        message["name"] = row["name"]
+    if row["reasoning"]:
+        message["reasoning"] = row["reasoning"]
+    if row["provider_data"]:
+        message["provider_data"] = json.loads(row["provider_data"])
+    return message
+
+
+def _masked_calls(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Tool calls with their arguments masked (as the JSON text they are, before they are nested)."""
+    masked = []
+    for call in calls:
+        function = call.get("function") or {}
+        arguments = function.get("arguments")
+        if isinstance(arguments, str):
+            call = {**call, "function": {**function, "arguments": mask_secrets(arguments)}}
+        masked.append(call)
+    return masked
+
+
+def _message_values(session_id: str, seq: int, message: Message, now: float) -> tuple[Any, ...]:
+    content = message.get("content")
+    if content is not None and not isinstance(content, str):
+        content = json.dumps(content, ensure_ascii=False)
+    tool_calls = message.get("tool_calls")
+    provider_data = message.get("provider_data")
+    return (
+        session_id,
+        seq,
+        message["role"],
+        _masked(content),
+        json.dumps(_masked_calls(tool_calls), ensure_ascii=False) if tool_calls else None,
+        message.get("tool_call_id"),
+        message.get("name"),
+        _masked(message.get("reasoning")),
+        json.dumps(provider_data, ensure_ascii=False) if provider_data else None,
+        now,
+    )
+
+
+class Messages:
+    """The `messages` table: a session's history in `seq` order, secrets masked as it is written."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    def append(self, session_id: str, message: Message, *, create: dict[str, Any] | None = None) -> None:
+        """Insert one final message and bump the session's counters, in one transaction.
+
+        With `create` (the session's metadata), the session row is created in that same transaction, so
+        a session never exists without the message that started it.
+        """
+        now = time.time()
+        with self._db.transaction() as db:
+            if create is not None:
+                insert_session(db, session_id, create)
+            row = db.execute("SELECT message_count FROM sessions WHERE id = ?", (session_id,)).fetchone()
+            if row is None:
+                raise StoreError(f"no session {session_id!r}")
+            db.execute(_INSERT, _message_values(session_id, row["message_count"], message, now))
+            self._bump(db, "message_count + 1", now, session_id)
+
+    def replace(
+        self, session_id: str, messages: list[Message], *, create: dict[str, Any] | None = None
+    ) -> None:
+        """Rewrite a session's messages (only for a repaired or adopted history); `create` as above."""
+        now = time.time()
+        with self._db.transaction() as db:
+            if create is not None:
+                insert_session(db, session_id, create)
+            db.execute("DELETE FROM messages WHERE session_id = ?", (session_id,))
+            db.executemany(_INSERT, [_message_values(session_id, i, m, now) for i, m in enumerate(messages)])
+            self._bump(db, str(len(messages)), now, session_id)
+
+    @staticmethod
+    def _bump(db: Connection, count: str, now: float, session_id: str) -> None:
+        # `count` is an SQL expression this module writes (a number or "message_count + 1"), never input
+        db.execute(
+            f"UPDATE sessions SET message_count = {count}, updated_at = ?," + _GOES_ON + " WHERE id = ?",
+            (now, session_id),
+        )
+
+    def load(self, session_id: str) -> list[Message]:
+        """The session's messages in order, in the dict form of DESIGN §3."""
+        rows = self._db.query("SELECT * FROM messages WHERE session_id = ? ORDER BY seq", (session_id,))
+        return [_row_to_message(r) for r in rows]
+
+    def rows(self, session_id: str, start: int, stop: int | None = None) -> list[dict[str, Any]]:
+        """The stored rows of the messages with a seq from `start` to `stop` (excluded; None: the last),
+        without provider data: id, seq, role, content, tool_calls (JSON text), tool_call_id, name,
+        reasoning, created_at."""
+        if stop is None:
+            rows = self._db.query(
+                f"SELECT {_SHOWN} FROM messages WHERE session_id = ? AND seq >= ? ORDER BY seq",
+                (session_id, start),
+            )
+        else:
+            rows = self._db.query(
+                f"SELECT {_SHOWN} FROM messages WHERE session_id = ? AND seq >= ? AND seq < ? ORDER BY seq",
+                (session_id, start, stop),
+            )
+        return [row_dict(row) for row in rows]
