@@ -17,6 +17,7 @@ from mibyan.agent.turn_api_error import ApiErrorMixin
 from mibyan.agent.turn_iteration_prep import IterationPrepMixin
 from mibyan.agent.turn_overflow import OverflowMixin
 from mibyan.agent.turn_recovery import RecoveryMixin
+from mibyan.agent.turn_state import ConversationResult
 from mibyan.agent.turn_truncation import TruncationMixin
 
 if TYPE_CHECKING:
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
     from mibyan.tools.mcp_connections import McpConnections
     from mibyan.tools.sandbox import Sandbox
 
-__all__ = ["AIAgent"]
+__all__ = ["AIAgent", "ConversationResult"]
 
 
 class AIAgent(
@@ -182,7 +183,7 @@ class AIAgent(
 
     def chat(self, message: str) -> str:
         """Send one message and return the final answer (the simple interface to run_conversation)."""
-        return str(self.run_conversation(message)["final_response"] or "")
+        return self.run_conversation(message)["final_response"] or ""
 
     @property
     def history(self) -> tuple[dict[str, Any], ...]:

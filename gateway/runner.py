@@ -48,6 +48,7 @@ from mibyan.gateway.work import (
 )
 
 if TYPE_CHECKING:
+    from mibyan.agent.turn_state import ConversationResult
     from run_agent import AIAgent
 
 log = logging.getLogger("mibyan.gateway")
@@ -396,11 +397,11 @@ class Gateway:
         if compressed and not job.request.get("one_off"):
             self.ledger.tag_session(agent.session_id, job.entry.channel)
 
-    def _settle(self, job: Job, result: dict[str, Any], stream: AnswerStream) -> Outcome:
+    def _settle(self, job: Job, result: ConversationResult, stream: AnswerStream) -> Outcome:
         """Record what the run came to: the reply (before it is sent), or the failure."""
         entry = job.entry
         one_off = bool(job.request.get("one_off"))
-        session = str(result["session_id"])
+        session = result["session_id"]
         if not one_off:
             self.ledger.tag_session(session, entry.channel)
         if result["interrupted"]:
@@ -408,8 +409,8 @@ class Gateway:
         if result["exit_reason"] == "error":
             log.warning("message %s on %s failed: %s", entry.id, entry.channel, result["error"])
             self.ledger.set_status(entry.id, "failed")
-            return Outcome(entry.id, "", session, result["usage"], error=mask_secrets(str(result["error"])))
-        final = stream.reply(str(result["final_response"] or ""))
+            return Outcome(entry.id, "", session, result["usage"], error=mask_secrets(result["error"] or ""))
+        final = stream.reply(result["final_response"] or "")
         reply = self.ledger.record_reply(entry, final, session, result["usage"])
         return Outcome(entry.id, reply.text, session, reply.usage)
 

@@ -25,6 +25,7 @@ from mibyan.tools.registry import tool
 
 if TYPE_CHECKING:
     from mibyan.agent.protocol import AgentCore
+    from mibyan.agent.turn_state import ConversationResult
     from run_agent import AIAgent
 
 SUBAGENT_PROMPT = (
@@ -39,7 +40,7 @@ _ALWAYS_DENIED = ("clarify", "memory")
 class ChildOutcome:
     label: str
     goal: str
-    result: dict[str, Any] | None = None
+    result: ConversationResult | None = None
     error: str | None = None
 
 
@@ -124,7 +125,7 @@ def _report(outcome: ChildOutcome, cap: int) -> str:
     if outcome.result is None:
         return f"{head}\nstatus: error\n{outcome.error or 'the subagent did not finish'}"
     result = outcome.result
-    summary = (result.get("final_response") or result.get("error") or "(no report)").strip()
+    summary = (result["final_response"] or result["error"] or "(no report)").strip()
     if len(summary) > cap:
         summary = summary[:cap] + f"\n[… {len(summary) - cap} characters of the report cut]"
     usage = result["usage"]
