@@ -16,17 +16,19 @@ import re
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from mibyan.agent.errors import MibyanError
 from mibyan.agent.redact import mask_secrets
 from mibyan.agent.store_schema import APPLIED_TABLE, MIGRATIONS, NUMBERED, Migration
 from mibyan.config.paths import private_dir
 
-Message = dict[str, Any]
+if TYPE_CHECKING:
+    from mibyan.agent.messages import Message
+
 __all__ = ["SessionSink", "SessionStore", "StoreError", "mask_secrets", "title_from"]
 
 
@@ -39,7 +41,8 @@ def _masked(value: str | None) -> str | None:
 
 
 def _row_to_message(row: sqlite3.Row) -> Message:
-    message: Message = {"role": row["role"], "content": row["content"]}
+    # A row holds the fields of its role only (each was written from a message of that role).
+    message: dict[str, Any] = {"role": row["role"], "content": row["content"]}
     if row["tool_calls"]:
         message["tool_calls"] = json.loads(row["tool_calls"])
     if row["tool_call_id"]:
@@ -50,7 +53,7 @@ def _row_to_message(row: sqlite3.Row) -> Message:
         message["reasoning"] = row["reasoning"]
     if row["provider_data"]:
         message["provider_data"] = json.loads(row["provider_data"])
-    return message
+    return cast("Message", message)
 
 
 def _masked_calls(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -65,7 +68,8 @@ def _masked_calls(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return masked
 
 
-def _message_values(session_id: str, seq: int, message: Message, now: float) -> tuple[Any, ...]:
+def _message_values(session_id: str, seq: int, typed: Message, now: float) -> tuple[Any, ...]:
+    message: Mapping[str, Any] = typed  # one column per field, whichever role has it
     content = message.get("content")
     if content is not None and not isinstance(content, str):
         content = json.dumps(content, ensure_ascii=False)
@@ -629,7 +633,7 @@ class SessionSink:
         if self._created:
             return None
         meta = self._meta()
-        if first is not None and first.get("role") == "user" and isinstance(first.get("content"), str):
+        if first is not None and first["role"] == "user" and isinstance(first["content"], str):
             meta.setdefault("title", title_from(first["content"]))
         return meta
 

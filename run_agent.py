@@ -10,6 +10,7 @@ from mibyan.agent.adapters.base import ToolSchema
 from mibyan.agent.agent_init import init_agent
 from mibyan.agent.conversation_loop import ConversationLoopMixin
 from mibyan.agent.lifecycle import LifecycleMixin
+from mibyan.agent.messages import Message
 from mibyan.agent.prompt_builder import PromptBuilderMixin
 from mibyan.agent.tool_executor import ToolExecutorMixin
 from mibyan.agent.turn_api_call import ApiCallMixin
@@ -186,7 +187,7 @@ class AIAgent(
         return self.run_conversation(message)["final_response"] or ""
 
     @property
-    def history(self) -> tuple[dict[str, Any], ...]:
+    def history(self) -> tuple[Message, ...]:
         """The session's messages, oldest first: a copy, so reading it can never break the history."""
         return tuple(copy.deepcopy(self.session.history.messages))
 

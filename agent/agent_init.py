@@ -25,6 +25,7 @@ from mibyan.config.paths import write_private
 
 if TYPE_CHECKING:
     from mibyan.agent.memory import MemoryStore
+    from mibyan.agent.messages import Message
     from mibyan.agent.skills import SemanticMatcher
     from mibyan.tools.context import FileAccess
     from mibyan.tools.mcp_connections import McpConnections
@@ -348,7 +349,7 @@ def open_session(agent: AIAgent, session_id: str | None, *, source: str) -> None
     from mibyan.agent.session import SessionHandle
 
     store = SessionStore.open(agent.home)
-    messages: list[dict[str, Any]] = []
+    messages: list[Message] = []
     if session_id is not None and store.get_session(session_id) is not None:
         session_id = store.newest_descendant(session_id)
         row = store.get_session(session_id) or {}

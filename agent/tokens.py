@@ -11,7 +11,7 @@ import json
 from collections.abc import Sequence
 
 from mibyan.agent.adapters.base import ToolSchema
-from mibyan.agent.messages import Message
+from mibyan.agent.messages import Message, tool_calls_of
 
 _CHARS_PER_TOKEN = 4.0
 _MESSAGE_OVERHEAD = 4
@@ -57,9 +57,9 @@ def context_window_for(model: str, override: int | None = None, discovered: int 
 def _message_chars(message: Message) -> int:
     content = message.get("content")
     size = len(content) if isinstance(content, str) else len(json.dumps(content)) if content else 0
-    for call in message.get("tool_calls") or ():
+    for call in tool_calls_of(message):
         size += len(call["function"].get("name", "")) + len(call["function"].get("arguments") or "")
-    return size + len(message.get("reasoning") or "")
+    return size + len((message.get("reasoning") if message["role"] == "assistant" else None) or "")
 
 
 class TokenEstimator:

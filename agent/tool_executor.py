@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from mibyan.agent.adapters.base import ToolSchema, Usage
 from mibyan.agent.errors import ToolError, ToolFailed
 from mibyan.agent.hooks import Hooks
-from mibyan.agent.messages import INTERRUPTED_RESULT, tool_message
+from mibyan.agent.messages import INTERRUPTED_RESULT, ToolCall, tool_message
 from mibyan.agent.protocol import AgentBase
 from mibyan.agent.tool_threads import RunningCall, start_call
 from mibyan.agent.turn_state import Continue, Interrupted, TurnState
@@ -202,7 +202,7 @@ class ToolExecutorMixin(AgentBase):
 
     # -- one call ------------------------------------------------------------------------------------
 
-    def _plan(self, call: dict[str, Any]) -> PlannedCall:
+    def _plan(self, call: ToolCall) -> PlannedCall:
         function = call.get("function") or {}
         plan = PlannedCall(
             call_id=call["id"],
@@ -337,7 +337,7 @@ class ToolExecutorMixin(AgentBase):
                 return False
         return True
 
-    def _execute_tool_calls(self, turn: TurnState, calls: list[dict[str, Any]]) -> Continue | Interrupted:
+    def _execute_tool_calls(self, turn: TurnState, calls: list[ToolCall]) -> Continue | Interrupted:
         """Run every call of a reply; append each result in the calls' order as soon as it is ready."""
         plans = [replace(self._plan(call), index=index) for index, call in enumerate(calls)]
         # the failure note goes on a tool's last call of the batch: one place, whatever finishes first

@@ -21,6 +21,7 @@ from typing import Any
 
 from agent_state import SessionStore, fts_query
 from mibyan.agent.errors import MibyanError
+from mibyan.agent.messages import Message, tool_calls_of
 from mibyan.cli.exit_codes import EXIT_ERROR, EXIT_OK, EXIT_USAGE
 from mibyan.cli.sanitize import visible, visible_json
 from mibyan.config.paths import mibyan_home
@@ -90,13 +91,13 @@ def _list(store: SessionStore, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _render_message(message: dict[str, Any]) -> str:
+def _render_message(message: Message) -> str:
     role = message["role"]
-    if role == "tool":
-        header = f"[tool {message.get('name') or ''} {message.get('tool_call_id')}]"
-        return f"{header}\n{message.get('content') or ''}"
-    text = message.get("content") or ""
-    calls = message.get("tool_calls") or []
+    if message["role"] == "tool":
+        header = f"[tool {message.get('name') or ''} {message['tool_call_id']}]"
+        return f"{header}\n{message['content'] or ''}"
+    text = str(message["content"] or "")
+    calls = tool_calls_of(message)
     calls_text = "\n".join(f"→ {c['function']['name']}({c['function']['arguments']})" for c in calls)
     return f"[{role}]\n" + "\n".join(part for part in (text, calls_text) if part)
 

@@ -9,16 +9,17 @@ on open; it is never run a second time.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from agent_state import mask_secrets
 from mibyan.gateway.ledger import InboxEntry
 
 if TYPE_CHECKING:
+    from mibyan.agent.messages import Message
     from mibyan.gateway.agents import AgentInstance
 
 
-def cut_turn_start(entry: InboxEntry, session_id: str, history: Sequence[dict[str, Any]]) -> int | None:
+def cut_turn_start(entry: InboxEntry, session_id: str, history: Sequence[Message]) -> int | None:
     """The index of the entry's user message in `history` when its turn is the session's last one.
 
     Only a message that started (`running`) or failed under its id has a turn to go on with: `pending`
@@ -33,14 +34,14 @@ def cut_turn_start(entry: InboxEntry, session_id: str, history: Sequence[dict[st
     """
     if entry.status not in ("running", "failed") or entry.history_length is None or entry.session_id is None:
         return None
-    users = [index for index, message in enumerate(history) if message.get("role") == "user"]
+    users = [index for index, message in enumerate(history) if message["role"] == "user"]
     if not users:
         return None
     last = users[-1]
     if session_id == entry.session_id:
         return last if last == entry.history_length else None
     # compressed during the turn: the child holds the turn's user message last, if it got that far
-    said = history[last].get("content")
+    said = history[last]["content"]
     same = mask_secrets(str(said)) == mask_secrets(str(entry.request.get("text")))
     return last if same else None
 
