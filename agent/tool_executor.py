@@ -32,7 +32,7 @@ from mibyan.agent.protocol import AgentBase
 from mibyan.agent.tool_threads import RunningCall, start_call
 from mibyan.agent.turn_state import Continue, Interrupted, TurnState
 from mibyan.tools import context
-from mibyan.tools.approval import ApprovalPolicy
+from mibyan.tools.approval import ApprovalPolicy, ApprovalRequest
 from mibyan.tools.memory_tools import apply_memory, list_skills, view_skill
 from mibyan.tools.registry import ToolSpec, get_tool
 from mibyan.tools.session_tools import search_sessions
@@ -262,8 +262,10 @@ class ToolExecutorMixin(AgentBase):
                 verdict = spec.dangerous(args)
                 subject = spec.subject(args) if spec.subject is not None else None
                 subject = subject or str(args.get("command") or json.dumps(args, ensure_ascii=False))
-                what = "the command" if plan.name == "terminal" else f"the {plan.name} call"
-                allowed, why = self.tools.approvals.decide(subject, verdict, what=what)
+                asked = ApprovalRequest(
+                    call_id=plan.call_id, tool=plan.name, subject=subject, verdict=verdict
+                )
+                allowed, why = self.tools.approvals.decide(asked)
                 if why:  # a command that needed approval: the transcript shows who decided, and how
                     detail = {"call_id": plan.call_id, "tool": plan.name, "allowed": allowed, "why": why}
                     self.session.store.record_event(self.session.session_id, "approval", json.dumps(detail))

@@ -20,6 +20,7 @@ from rich.text import Text
 from mibyan.cli.progress import preview_arguments
 from mibyan.cli.prompts import TerminalQuestions
 from mibyan.cli.sanitize import visible
+from mibyan.tools.approval import Approver
 
 if TYPE_CHECKING:
     from mibyan.agent.turn_state import ConversationResult
@@ -76,7 +77,10 @@ class Renderer:
         self._lock = threading.RLock()
 
     def callbacks(self) -> dict[str, Any]:
-        questions = {name: self.paused(ask) for name, ask in self.questions.callbacks().items()}
+        questions = {
+            name: Approver(self.paused(ask.answer)) if isinstance(ask, Approver) else self.paused(ask)
+            for name, ask in self.questions.callbacks().items()
+        }
         return {
             "stream_delta_callback": self.on_delta,
             "reasoning_callback": self.on_reasoning,

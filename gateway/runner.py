@@ -46,6 +46,7 @@ from mibyan.gateway.work import (
     UnknownAgent,
     channel_key,
 )
+from mibyan.tools.approval import Approver
 
 if TYPE_CHECKING:
     from mibyan.agent.turn_state import ConversationResult
@@ -342,7 +343,7 @@ class Gateway:
             asker = self._asker(job)
             callbacks["clarify_callback"] = asker.clarify
             if self._asking:
-                callbacks["approval_callback"] = asker.approve
+                callbacks["approval_callback"] = Approver(asker.approve)
         unasked = NO_CHANNEL_TO_ASK if self._asking else DENIED_BY_POLICY
         # held before the session is opened, so its repair never touches a run of another process
         lock = None if session_id is None else SessionLock.for_session(self.home, self.store, session_id)

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
 from mibyan.agent.errors import MibyanError, ToolError
 from mibyan.tools import context
+from mibyan.tools.approval import Approver
 from mibyan.tools.registry import tool
 
 if TYPE_CHECKING:
@@ -95,7 +96,7 @@ def _make_child(parent: AgentCore, label: str) -> AIAgent:
         allowed_tools=[schema.name for schema in parent.tools.schemas],
         tool_progress_callback=progress,
         status_callback=status,
-        approval_callback=parent.tools.approvals.answer_from_session,
+        approval_callback=Approver(parent.tools.approvals.answer_from_session),
         workspace=parent.workspace,
         memory=parent.memory,  # a gateway channel's subagent remembers for that channel, not for all
         workdir=parent.workdir,
