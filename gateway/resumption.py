@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from agent_state import mask_secrets
 from mibyan.gateway.ledger import InboxEntry
+from mibyan.gateway.work import RunRequest
 
 if TYPE_CHECKING:
     from mibyan.agent.messages import Message
@@ -42,7 +43,7 @@ def cut_turn_start(entry: InboxEntry, session_id: str, history: Sequence[Message
         return last if last == entry.history_length else None
     # compressed during the turn: the child holds the turn's user message last, if it got that far
     said = history[last]["content"]
-    same = mask_secrets(str(said)) == mask_secrets(str(entry.request.get("text")))
+    same = mask_secrets(str(said)) == mask_secrets(RunRequest.from_record(entry.request).text)
     return last if same else None
 
 
@@ -50,8 +51,9 @@ def not_to_resume(entry: InboxEntry, instance: AgentInstance | None) -> str | No
     """Why a message the last run left unanswered is not run at this start (None: it is)."""
     if instance is None:
         return "its agent is no longer configured"
-    if entry.request.get("approval_answer"):
+    request = RunRequest.from_record(entry.request)
+    if request.approval_answer:
         return "the question it answered died with the last run"
-    if entry.request.get("one_off") and entry.message_key is None:
+    if request.one_off and entry.message_key is None:
         return "a one-off conversation without an Idempotency-Key, whose reply nobody can collect"
     return None
