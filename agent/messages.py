@@ -223,7 +223,7 @@ def shorten_message(message: Message, max_chars: int) -> Message:
     untouched, so a shortened history obeys the same rules. A message already short enough is returned
     as it is.
     """
-    content = message["content"]
+    content = message.get("content")  # an assistant message from outside may leave it out
     calls = tool_calls_of(message)
     long_text = isinstance(content, str) and len(content) > max_chars
     long_calls = any(len(call["function"].get("arguments") or "") > max_chars for call in calls)

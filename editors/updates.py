@@ -264,7 +264,7 @@ def replay(messages: list[Message], cwd: Path) -> list[Update]:
     updates: list[Update] = []
     diffs: dict[str, list[ToolContent]] = {}
     for message in messages:
-        content = message["content"]
+        content = message.get("content")  # an assistant message from outside may leave it out
         if message["role"] == "user" and isinstance(content, str):
             updates.append(
                 UserMessageChunk(

@@ -159,8 +159,9 @@ ApprovalCallback = Approver | Callable[[str, str], Any]
 
 
 def _asker(callback: ApprovalCallback | None) -> Callable[[ApprovalRequest], Any] | None:
+    """The policy's question from an `approval_callback`, in whichever of its two forms it comes."""
     if callback is None or isinstance(callback, Approver):
-        return callback.answer if callback is not None else None
+        return None if callback is None else callback.answer
     plain = callback
     return lambda request: plain(request.subject, request.reason)
 
