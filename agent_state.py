@@ -16,7 +16,7 @@ import os
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mibyan.config.paths import private_dir
 from mibyan.core.redact import mask_secrets
@@ -24,12 +24,15 @@ from mibyan.store.database import Database, StoreError
 from mibyan.store.events import Events
 from mibyan.store.facts import Facts
 from mibyan.store.ledger import Channels, GatewayLedger
-from mibyan.store.messages import Message, Messages
+from mibyan.store.messages import Messages
 from mibyan.store.search import Search
 from mibyan.store.sessions import Lineage, Sessions
 from mibyan.store.sqlite import SqliteDatabase, busy_timeout_from_environment
 from mibyan.store.sqlite_schema import MIGRATIONS
 from mibyan.store.todos import Todos
+
+if TYPE_CHECKING:
+    from mibyan.agent.messages import Message
 
 __all__ = [
     "MIGRATIONS",
@@ -141,7 +144,7 @@ class SessionSink:
         if self._created:
             return None
         meta = self._meta()
-        if first is not None and first.get("role") == "user" and isinstance(first.get("content"), str):
+        if first is not None and first["role"] == "user" and isinstance(first["content"], str):
             meta.setdefault("title", title_from(first["content"]))
         return meta
 

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 from mibyan.agent.agent_init import init_agent
 from mibyan.agent.conversation_loop import ConversationLoopMixin
 from mibyan.agent.lifecycle import LifecycleMixin
+from mibyan.agent.messages import Message
 from mibyan.agent.options import AgentOptions
 from mibyan.agent.prompt_builder import PromptBuilderMixin
 from mibyan.agent.tool_executor import ToolExecutorMixin
@@ -16,6 +17,7 @@ from mibyan.agent.turn_api_error import ApiErrorMixin
 from mibyan.agent.turn_iteration_prep import IterationPrepMixin
 from mibyan.agent.turn_overflow import OverflowMixin
 from mibyan.agent.turn_recovery import RecoveryMixin
+from mibyan.agent.turn_state import ConversationResult
 from mibyan.agent.turn_truncation import TruncationMixin
 from mibyan.tools.schema import ToolSchema
 
@@ -25,7 +27,7 @@ if TYPE_CHECKING:
     from mibyan.agent.providers import ProviderRuntime
     from mibyan.tools.approval import ApprovalPolicy
 
-__all__ = ["AIAgent", "AgentOptions"]
+__all__ = ["AIAgent", "AgentOptions", "ConversationResult"]
 
 
 class AIAgent(
@@ -92,10 +94,10 @@ class AIAgent(
 
     def chat(self, message: str) -> str:
         """Send one message and return the final answer (the simple interface to run_conversation)."""
-        return str(self.run_conversation(message)["final_response"] or "")
+        return self.run_conversation(message)["final_response"] or ""
 
     @property
-    def history(self) -> tuple[dict[str, Any], ...]:
+    def history(self) -> tuple[Message, ...]:
         """The session's messages, oldest first: a copy, so reading it can never break the history."""
         return tuple(copy.deepcopy(self.session.history.messages))
 

@@ -25,6 +25,7 @@ from mibyan.config.paths import write_private
 from mibyan.core.errors import ConfigError
 
 if TYPE_CHECKING:
+    from mibyan.agent.messages import Message
     from mibyan.agent.options import AgentOptions
     from mibyan.agent.skills import SemanticMatcher
     from mibyan.tools.mcp_connections import McpConnections
@@ -301,7 +302,7 @@ def open_session(agent: AIAgent, session_id: str | None, *, source: str) -> None
     from mibyan.agent.session import SessionHandle
 
     store = SessionStore.open(agent.home)
-    messages: list[dict[str, Any]] = []
+    messages: list[Message] = []
     if session_id is not None and store.sessions.get(session_id) is not None:
         session_id = store.lineage.newest_descendant(session_id)
         row = store.sessions.get(session_id) or {}

@@ -9,9 +9,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, fields
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from mibyan.core.interruptible import InterruptSignal
+
+if TYPE_CHECKING:
+    from mibyan.tools.approval import ApprovalCallback
 
 log = logging.getLogger("mibyan.callbacks")
 
@@ -46,7 +49,9 @@ class Callbacks:
         stream_delta_callback: `(text)` with each streamed piece of the answer, in order.
         tool_gen_callback: `(name)` as soon as a tool call's name is parsed from the stream.
         status_callback: `(kind, message)` on state changes: repairs, retries, failovers, interrupts.
-        approval_callback: `(command, reason) -> "once" | "session" | "always" | "deny"`.
+        approval_callback: `(subject, reason) -> "once" | "session" | "always" | "deny"` (subject: the
+            command line, or what a file or MCP call would do); or an `Approver`, whose function is
+            handed the whole `ApprovalRequest` (call id, tool, subject, verdict) instead.
     """
 
     tool_progress_callback: Callback | None = None
@@ -57,7 +62,7 @@ class Callbacks:
     stream_delta_callback: Callback | None = None
     tool_gen_callback: Callback | None = None
     status_callback: Callback | None = None
-    approval_callback: Callback | None = None
+    approval_callback: ApprovalCallback | None = None
 
     @classmethod
     def from_kwargs(cls, kwargs: dict[str, Any]) -> Callbacks:

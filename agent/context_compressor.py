@@ -17,7 +17,13 @@ from __future__ import annotations
 import re
 
 from mibyan.agent.context_engine import CompressionResult, ContextEngine
-from mibyan.agent.messages import Message, assistant_message, shorten_message, user_message
+from mibyan.agent.messages import (
+    Message,
+    assistant_message,
+    shorten_message,
+    tool_calls_of,
+    user_message,
+)
 from mibyan.tools.schema import ToolSchema
 
 _PRUNE_ABOVE = 600  # characters: tool outputs longer than this are pruned first
@@ -76,7 +82,7 @@ def render_excerpt(messages: list[Message], limit: int = _PROMPT_LIMIT) -> str:
             continue
         if message.get("content"):
             lines.append(f"{role.upper()}: {message['content']}")
-        for call in message.get("tool_calls") or ():
+        for call in tool_calls_of(message):
             lines.append(f"ASSISTANT CALLED {call['function']['name']}({call['function'].get('arguments')})")
     excerpt = "\n\n".join(lines)
     if len(excerpt) > limit:
@@ -93,7 +99,7 @@ def fallback_summary(messages: list[Message]) -> str:
         for m in messages
         if m["role"] == "user" and str(m.get("content") or "").strip()
     ]
-    tools = sorted({call["function"]["name"] for m in messages for call in m.get("tool_calls") or ()})
+    tools = sorted({call["function"]["name"] for m in messages for call in tool_calls_of(m)})
     parts = ["The summarizer was not available, so the details of these messages were dropped."]
     if asks:
         parts.append("The user asked: " + " | ".join(asks[-10:]))
@@ -224,8 +230,7 @@ class ContextCompressor(ContextEngine):
         head, kept = messages[: len(messages) - keep], messages[len(messages) - keep :]
         longest = max((len(str(m.get("content") or "")) for m in head), default=0)
         longest = max(
-            [longest]
-            + [len(c["function"].get("arguments") or "") for m in head for c in m.get("tool_calls") or ()]
+            [longest] + [len(c["function"].get("arguments") or "") for m in head for c in tool_calls_of(m)]
         )
         cap = longest
         shortened = messages

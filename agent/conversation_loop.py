@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, assert_never
+from typing import assert_never
 
 from mibyan.agent.adapters.base import NormalizedResponse
 from mibyan.agent.budget import IterationBudget
@@ -21,6 +21,7 @@ from mibyan.agent.turn_api_error import failover_cause
 from mibyan.agent.turn_state import (
     BudgetExhausted,
     Continue,
+    ConversationResult,
     Failed,
     Final,
     Interrupted,
@@ -64,7 +65,7 @@ class ConversationLoopMixin(AgentBase):
         system_message: str | None = None,
         conversation_history: list[Message] | None = None,
         task_id: str | None = None,
-    ) -> dict[str, Any]:
+    ) -> ConversationResult:
         """Run one user turn to its end: tool rounds until an answer, the budget, an interrupt or an error.
 
         Args:
@@ -88,7 +89,7 @@ class ConversationLoopMixin(AgentBase):
             step = self._loop(turn)
             return self._end_turn(turn, step)
 
-    def continue_turn(self, task_id: str | None = None) -> dict[str, Any]:
+    def continue_turn(self, task_id: str | None = None) -> ConversationResult:
         """Run the session's last turn on from its stored history, without a new user message.
 
         For a turn cut off by a crash or a stop: the calls and results it stored stay as they are (a call
@@ -257,7 +258,7 @@ class ConversationLoopMixin(AgentBase):
         turn.history.append(assistant_message(text, reasoning=reply.reasoning))
         return Final(text)
 
-    def _end_turn(self, turn: TurnState, step: NextStep) -> dict[str, Any]:
+    def _end_turn(self, turn: TurnState, step: NextStep) -> ConversationResult:
         match step:
             case Final(text):
                 turn.final_response = text

@@ -11,10 +11,13 @@ from __future__ import annotations
 import importlib
 import logging
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from mibyan.config.loader import HooksSection
 from mibyan.core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from mibyan.agent.messages import Message
 
 log = logging.getLogger("mibyan.hooks")
 
@@ -76,7 +79,7 @@ class Hooks:
                 result = answer
         return result
 
-    def before_llm(self, messages: list[dict[str, Any]], tools: list[Any]) -> None:
+    def before_llm(self, messages: list[Message], tools: list[Any]) -> None:
         if self._hooks["pre_llm_call"]:
             self._run("pre_llm_call", messages, tools)
 

@@ -18,11 +18,68 @@ from __future__ import annotations
 import json
 import re
 from collections import deque
-from typing import Any, Protocol
+from typing import Any, Literal, NotRequired, Protocol, TypedDict
 
 from mibyan.core.errors import MibyanError
 
-Message = dict[str, Any]
+# A part of a multimodal content list (`{"type": "text", "text": ...}`, an image): passed on as it is.
+ContentPart = dict[str, Any]
+
+
+class ToolCallFunction(TypedDict):
+    """The function a tool call names, and its arguments as the JSON text the model wrote."""
+
+    name: str
+    arguments: str
+
+
+class ToolCall(TypedDict):
+    """One call of an assistant message, in the OpenAI chat format."""
+
+    id: str
+    type: NotRequired[Literal["function"]]
+    function: ToolCallFunction
+
+
+class SystemMessage(TypedDict):
+    """The system prompt, when a history carries one (the agent keeps its own apart)."""
+
+    role: Literal["system"]
+    content: str | list[ContentPart]
+
+
+class UserMessage(TypedDict):
+    """What the user said: text, or content parts."""
+
+    role: Literal["user"]
+    content: str | list[ContentPart]
+
+
+class AssistantMessage(TypedDict):
+    """A model reply: its text (None when it only calls tools), its calls, and what must be replayed.
+
+    `provider_data` holds what a provider needs sent back verbatim (Anthropic thinking blocks with their
+    signatures, Responses reasoning items with encrypted content).
+    """
+
+    role: Literal["assistant"]
+    content: str | list[ContentPart] | None
+    tool_calls: NotRequired[list[ToolCall]]
+    reasoning: NotRequired[str]
+    provider_data: NotRequired[dict[str, Any]]
+
+
+class ToolMessage(TypedDict):
+    """The result of one tool call, answering the call with `tool_call_id`."""
+
+    role: Literal["tool"]
+    tool_call_id: str
+    content: str | list[ContentPart]
+    name: NotRequired[str]
+
+
+# One message of a history: the dict form of DESIGN §3, told apart by its `role`.
+Message = SystemMessage | UserMessage | AssistantMessage | ToolMessage
 
 INTERRUPTED_RESULT = "interrupted: no result"
 NO_REPLY = "(no reply: the turn was interrupted before an answer)"
@@ -123,18 +180,18 @@ class MessageSink(Protocol):
     def replace_messages(self, messages: list[Message]) -> None: ...
 
 
-def user_message(content: str) -> Message:
+def user_message(content: str) -> UserMessage:
     return {"role": "user", "content": content}
 
 
 def assistant_message(
     content: str | None,
     *,
-    tool_calls: list[dict[str, Any]] | None = None,
+    tool_calls: list[ToolCall] | None = None,
     reasoning: str | None = None,
     provider_data: dict[str, Any] | None = None,
-) -> Message:
-    message: Message = {"role": "assistant", "content": content}
+) -> AssistantMessage:
+    message: AssistantMessage = {"role": "assistant", "content": content}
     if tool_calls:
         message["tool_calls"] = tool_calls
     if reasoning:
@@ -144,11 +201,18 @@ def assistant_message(
     return message
 
 
-def tool_message(tool_call_id: str, content: str, *, name: str | None = None) -> Message:
-    message: Message = {"role": "tool", "tool_call_id": tool_call_id, "content": content}
+def tool_message(tool_call_id: str, content: str, *, name: str | None = None) -> ToolMessage:
+    message: ToolMessage = {"role": "tool", "tool_call_id": tool_call_id, "content": content}
     if name:
         message["name"] = name
     return message
+
+
+def tool_calls_of(message: Message) -> list[ToolCall]:
+    """The tool calls of `message`: those of an assistant message, none for any other role."""
+    if message["role"] == "assistant":
+        return message.get("tool_calls") or []
+    return []
 
 
 def shorten_message(message: Message, max_chars: int) -> Message:
@@ -159,24 +223,23 @@ def shorten_message(message: Message, max_chars: int) -> Message:
     untouched, so a shortened history obeys the same rules. A message already short enough is returned
     as it is.
     """
-    content = message.get("content")
-    calls = message.get("tool_calls") or []
+    content = message.get("content")  # an assistant message from outside may leave it out
+    calls = tool_calls_of(message)
     long_text = isinstance(content, str) and len(content) > max_chars
     long_calls = any(len(call["function"].get("arguments") or "") > max_chars for call in calls)
     if not long_text and not long_calls:
         return message
-    shortened = dict(message)
-    if long_text:
-        assert isinstance(content, str)
+    shortened = message.copy()
+    if isinstance(content, str) and long_text:
         keep = max(max_chars // 2 - 40, 0)
         note = f"\n[… {len(content) - 2 * keep} characters cut to fit the context window …]\n"
         shortened["content"] = content[:keep] + note + content[len(content) - keep :]
-    if long_calls:
+    if long_calls and shortened["role"] == "assistant":
         shortened["tool_calls"] = [_shorten_call(call, max_chars) for call in calls]
     return shortened
 
 
-def _shorten_call(call: dict[str, Any], max_chars: int) -> dict[str, Any]:
+def _shorten_call(call: ToolCall, max_chars: int) -> ToolCall:
     arguments = call["function"].get("arguments") or ""
     if len(arguments) <= max_chars:
         return call
@@ -185,7 +248,7 @@ def _shorten_call(call: dict[str, Any], max_chars: int) -> dict[str, Any]:
 
 
 def tool_call_ids(message: Message) -> list[str]:
-    return [call["id"] for call in message.get("tool_calls") or ()]
+    return [call["id"] for call in tool_calls_of(message)]
 
 
 def repair_history(messages: list[Message]) -> tuple[list[Message], list[str]]:

@@ -19,14 +19,14 @@ from __future__ import annotations
 import threading
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from mibyan.agent.adapters.base import NormalizedResponse
     from mibyan.agent.callbacks import Callbacks
     from mibyan.agent.context_engine import ContextEngine
     from mibyan.agent.memory import MemoryStore
-    from mibyan.agent.messages import Message
+    from mibyan.agent.messages import Message, ToolCall
     from mibyan.agent.prompt_builder import PromptState
     from mibyan.agent.providers import ProviderState
     from mibyan.agent.session import SessionHandle
@@ -155,7 +155,7 @@ class AgentCore(ABC):
 
     # tool_executor.py
     @abstractmethod
-    def _execute_tool_calls(self, turn: TurnState, calls: list[dict[str, Any]]) -> Continue | Interrupted: ...
+    def _execute_tool_calls(self, turn: TurnState, calls: list[ToolCall]) -> Continue | Interrupted: ...
 
 
 if TYPE_CHECKING:

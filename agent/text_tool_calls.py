@@ -17,6 +17,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from mibyan.agent.messages import ToolCall
+
 _FENCE = re.compile(r"^[ \t]*(`{3,}|~{3,})[^\n]*\n.*?(?:^[ \t]*\1[ \t]*$|\Z)", re.DOTALL | re.MULTILINE)
 _INLINE_CODE = re.compile(r"`[^`\n]+`")
 _OPENING = re.compile(r"<tool_call>|<function=([A-Za-z0-9_.:-]+)>")
@@ -29,7 +31,7 @@ class TextToolCalls:
     """The calls found, in the OpenAI chat format, and the text left once their markup is taken out."""
 
     text: str | None
-    calls: list[dict[str, Any]] = field(default_factory=list)
+    calls: list[ToolCall] = field(default_factory=list)
 
 
 def _quoted_spans(text: str) -> list[tuple[int, int]]:
@@ -42,7 +44,7 @@ def _inside(position: int, spans: list[tuple[int, int]]) -> bool:
     return any(start <= position < end for start, end in spans)
 
 
-def _call(name: Any, arguments: Any, tools: frozenset[str]) -> dict[str, Any] | None:
+def _call(name: Any, arguments: Any, tools: frozenset[str]) -> ToolCall | None:
     """The structured call, or None when it names no offered tool or its arguments are no object."""
     if isinstance(arguments, str):
         try:
@@ -60,7 +62,7 @@ def _call(name: Any, arguments: Any, tools: frozenset[str]) -> dict[str, Any] | 
     }
 
 
-def _from_object(value: Any, tools: frozenset[str]) -> dict[str, Any] | None:
+def _from_object(value: Any, tools: frozenset[str]) -> ToolCall | None:
     if not isinstance(value, dict) or not {"name"} <= value.keys() <= {"name", "arguments", "parameters"}:
         return None
     return _call(value["name"], value.get("arguments", value.get("parameters")), tools)
@@ -103,7 +105,7 @@ def tool_calls_in_text(text: str | None, tools: frozenset[str]) -> TextToolCalls
     if bare is not None:
         return bare
     quoted = _quoted_spans(text)
-    calls: list[dict[str, Any]] = []
+    calls: list[ToolCall] = []
     kept: list[str] = []
     position = 0
     for opening in _OPENING.finditer(text):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from mibyan.agent.messages import Message
+from mibyan.agent.messages import Message, tool_calls_of
 from mibyan.tools.schema import ToolSchema
 
 _CHARS_PER_TOKEN = 4.0
@@ -57,9 +57,9 @@ def context_window_for(model: str, override: int | None = None, discovered: int 
 def _message_chars(message: Message) -> int:
     content = message.get("content")
     size = len(content) if isinstance(content, str) else len(json.dumps(content)) if content else 0
-    for call in message.get("tool_calls") or ():
+    for call in tool_calls_of(message):
         size += len(call["function"].get("name", "")) + len(call["function"].get("arguments") or "")
-    return size + len(message.get("reasoning") or "")
+    return size + len((message.get("reasoning") if message["role"] == "assistant" else None) or "")
 
 
 class TokenEstimator:

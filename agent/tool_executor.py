@@ -26,13 +26,13 @@ from typing import TYPE_CHECKING, Any, cast
 
 from mibyan.agent.adapters.base import Usage
 from mibyan.agent.hooks import Hooks
-from mibyan.agent.messages import INTERRUPTED_RESULT, tool_message
+from mibyan.agent.messages import INTERRUPTED_RESULT, ToolCall, tool_message
 from mibyan.agent.protocol import AgentBase
 from mibyan.agent.tool_threads import RunningCall, start_call
 from mibyan.agent.turn_state import Continue, Interrupted, TurnState
 from mibyan.core.errors import ToolError, ToolFailed
 from mibyan.tools import context
-from mibyan.tools.approval import ApprovalPolicy
+from mibyan.tools.approval import ApprovalPolicy, ApprovalRequest
 from mibyan.tools.context import RunContext
 from mibyan.tools.registry import ToolSpec, get_tool
 from mibyan.tools.schema import ToolSchema
@@ -139,7 +139,7 @@ class ToolExecutorMixin(AgentBase):
 
     # -- one call ------------------------------------------------------------------------------------
 
-    def _plan(self, call: dict[str, Any]) -> PlannedCall:
+    def _plan(self, call: ToolCall) -> PlannedCall:
         function = call.get("function") or {}
         plan = PlannedCall(
             call_id=call["id"],
@@ -214,8 +214,10 @@ class ToolExecutorMixin(AgentBase):
                 verdict = spec.dangerous(args, bound)
                 subject = spec.subject(args, bound) if spec.subject is not None else None
                 subject = subject or str(args.get("command") or json.dumps(args, ensure_ascii=False))
-                what = "the command" if plan.name == "terminal" else f"the {plan.name} call"
-                allowed, why = self.tools.approvals.decide(subject, verdict, what=what, signal=bound.signal)
+                asked = ApprovalRequest(
+                    call_id=plan.call_id, tool=plan.name, subject=subject, verdict=verdict
+                )
+                allowed, why = self.tools.approvals.decide(asked, signal=bound.signal)
                 if why:  # a command that needed approval: the transcript shows who decided, and how
                     detail = {"call_id": plan.call_id, "tool": plan.name, "allowed": allowed, "why": why}
                     self.session.store.events.record(self.session.session_id, "approval", json.dumps(detail))
@@ -289,7 +291,7 @@ class ToolExecutorMixin(AgentBase):
                 return False
         return True
 
-    def _execute_tool_calls(self, turn: TurnState, calls: list[dict[str, Any]]) -> Continue | Interrupted:
+    def _execute_tool_calls(self, turn: TurnState, calls: list[ToolCall]) -> Continue | Interrupted:
         """Run every call of a reply; append each result in the calls' order as soon as it is ready."""
         plans = [replace(self._plan(call), index=index) for index, call in enumerate(calls)]
         # the failure note goes on a tool's last call of the batch: one place, whatever finishes first

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, TypedDict
 
 from mibyan.agent.adapters.base import Usage
 from mibyan.agent.budget import IterationBudget
@@ -15,6 +15,35 @@ from mibyan.core.errors import MibyanError
 from mibyan.tools.schema import ToolSchema
 
 ExitReason = Literal["completed", "budget_exhausted", "interrupted", "error"]
+
+
+class ConversationResult(TypedDict):
+    """What `run_conversation` (and `continue_turn`) return: a plain dict, with keys the checker knows.
+
+    Attributes:
+        final_response: the answer, or None when the turn ended without one.
+        messages: the session's history after the turn (a copy).
+        session_id: the session written to (after a compression, the child session).
+        task_id: the id this turn's tools shared state by.
+        api_calls: model calls the turn made.
+        completed: exit_reason is "completed".
+        interrupted: exit_reason is "interrupted".
+        exit_reason: why the turn ended.
+        usage: token counts summed over the turn's calls (`input_tokens`, `output_tokens`,
+            `cache_read_tokens`, `cache_write_tokens`, `reasoning_tokens`, `total_tokens`).
+        error: what failed, when exit_reason is "error"; otherwise None.
+    """
+
+    final_response: str | None
+    messages: list[Message]
+    session_id: str
+    task_id: str
+    api_calls: int
+    completed: bool
+    interrupted: bool
+    exit_reason: ExitReason
+    usage: dict[str, int]
+    error: str | None
 
 
 @dataclass

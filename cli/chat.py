@@ -21,10 +21,11 @@ if TYPE_CHECKING:
 
     from mibyan.agent.options import AgentOptions
     from mibyan.agent.session_lock import SessionLock
+    from mibyan.agent.turn_state import ConversationResult, ExitReason
     from mibyan.tools.mcp_connections import McpConnections
     from run_agent import AIAgent
 
-_EXIT_CODES = {
+_EXIT_CODES: dict[ExitReason, int] = {
     "completed": EXIT_OK,
     "error": EXIT_ERROR,
     "budget_exhausted": EXIT_BUDGET,
@@ -191,7 +192,7 @@ def _one_shot(agent: AIAgent, prompt: str, args: argparse.Namespace, progress: P
             f"mibyan: session {agent.session_id} (resume with: mibyan chat --resume {agent.session_id})\n"
         )
     if result["error"]:
-        sys.stderr.write(f"mibyan: {visible(str(result['error']))}\n")
+        sys.stderr.write(f"mibyan: {visible(result['error'])}\n")
     elif result["exit_reason"] == "budget_exhausted":
         sys.stderr.write(
             f"mibyan: stopped: the budget of {agent.settings.agent.max_turns} model calls is spent\n"
@@ -199,21 +200,18 @@ def _one_shot(agent: AIAgent, prompt: str, args: argparse.Namespace, progress: P
     return _EXIT_CODES[result["exit_reason"]]
 
 
-def _json_result(result: dict[str, Any]) -> dict[str, Any]:
-    return {
-        key: result[key]
-        for key in (
-            "final_response",
-            "session_id",
-            "task_id",
-            "exit_reason",
-            "completed",
-            "interrupted",
-            "api_calls",
-            "usage",
-            "error",
-            "messages",
-        )
+def _json_result(result: ConversationResult) -> dict[str, Any]:
+    return {  # the documented order of `--json`'s keys
+        "final_response": result["final_response"],
+        "session_id": result["session_id"],
+        "task_id": result["task_id"],
+        "exit_reason": result["exit_reason"],
+        "completed": result["completed"],
+        "interrupted": result["interrupted"],
+        "api_calls": result["api_calls"],
+        "usage": result["usage"],
+        "error": result["error"],
+        "messages": result["messages"],
     }
 
 

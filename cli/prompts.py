@@ -17,8 +17,9 @@ from functools import partial
 from typing import Any
 
 from mibyan.core.sanitize import visible
+from mibyan.tools.approval import Answer, ApprovalRequest, Approver
 
-_ANSWERS = {
+_ANSWERS: dict[str, Answer] = {
     "o": "once",
     "once": "once",
     "y": "once",
@@ -101,7 +102,7 @@ class TerminalQuestions:
         if not terminal_available() or not sys.stderr.isatty():
             return {}
         return {
-            "approval_callback": partial(ask_approval, read=self.ask),
+            "approval_callback": Approver(partial(ask_approval, read=self.ask)),
             "clarify_callback": partial(ask_clarify, read=self.ask),
         }
 
@@ -133,8 +134,8 @@ def approval_question(command: str, reason: str) -> str:
     )
 
 
-def ask_approval(command: str, reason: str, *, read: Callable[[str], str | None] = ask_terminal) -> str:
-    answer = read(approval_question(command, reason))
+def ask_approval(request: ApprovalRequest, *, read: Callable[[str], str | None] = ask_terminal) -> Answer:
+    answer = read(approval_question(request.subject, request.reason))
     return _ANSWERS.get((answer or "").lower(), "deny")
 
 

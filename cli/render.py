@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console, ConsoleOptions, Group, RenderResult
 from rich.live import Live
@@ -20,6 +20,10 @@ from rich.text import Text
 from mibyan.cli.progress import preview_arguments
 from mibyan.cli.prompts import TerminalQuestions
 from mibyan.core.sanitize import visible
+from mibyan.tools.approval import Approver
+
+if TYPE_CHECKING:
+    from mibyan.agent.turn_state import ConversationResult
 
 _REPARSE_EVERY = 0.1
 
@@ -73,7 +77,10 @@ class Renderer:
         self._lock = threading.RLock()
 
     def callbacks(self) -> dict[str, Any]:
-        questions = {name: self.paused(ask) for name, ask in self.questions.callbacks().items()}
+        questions = {
+            name: Approver(self.paused(ask.answer)) if isinstance(ask, Approver) else self.paused(ask)
+            for name, ask in self.questions.callbacks().items()
+        }
         return {
             "stream_delta_callback": self.on_delta,
             "reasoning_callback": self.on_reasoning,
@@ -212,7 +219,7 @@ class Renderer:
                 self._answer = []
             self.console.print(Text(f"  · {visible(message)}", style="yellow"))
 
-    def end_turn(self, result: dict[str, Any], model: str) -> None:
+    def end_turn(self, result: ConversationResult, model: str) -> None:
         with self._lock:
             self._in_turn = False
             self._waiting = None
@@ -222,12 +229,13 @@ class Renderer:
             self._running = []
             self._close_answer()
             self._end_reasoning()
-            if not self._answer and result.get("final_response"):
-                self.console.print(Markdown(visible(result["final_response"])))
+            final = result["final_response"]
+            if not self._answer and final:
+                self.console.print(Markdown(visible(final)))
             self._answer = []
-        if result.get("error"):
-            self.console.print(Text(f"error: {visible(str(result['error']))}", style="bold red"))
-        elif result.get("interrupted"):
+        if result["error"]:
+            self.console.print(Text(f"error: {visible(result['error'])}", style="bold red"))
+        elif result["interrupted"]:
             self.console.print(Text("(interrupted)", style="yellow"))
         self.console.print(Text(self.footer(result["usage"], model), style="dim"))
 

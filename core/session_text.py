@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from mibyan.core.sanitize import visible, visible_json
@@ -24,7 +24,7 @@ def age(timestamp: float) -> str:
     return "just now"
 
 
-def render_message(message: dict[str, Any]) -> str:
+def render_message(message: Mapping[str, Any]) -> str:
     """One stored message as plain text: a `[role]` header line, then its text and tool calls."""
     role = message["role"]
     if role == "tool":
@@ -36,7 +36,7 @@ def render_message(message: dict[str, Any]) -> str:
     return f"[{role}]\n" + "\n".join(part for part in (text, calls_text) if part)
 
 
-def export_lines(title: str, messages: Iterable[dict[str, Any]], kind: str) -> Iterator[str]:
+def export_lines(title: str, messages: Iterable[Mapping[str, Any]], kind: str) -> Iterator[str]:
     """A session as JSONL (`kind` "jsonl": one message a line) or Markdown, each line safe on a terminal."""
     if kind == "jsonl":
         for message in messages:

@@ -27,6 +27,7 @@ from acp.schema import AllowedOutcome, PermissionOption, ToolCallUpdate
 from mibyan.core.sanitize import visible
 from mibyan.editors import updates
 from mibyan.tools import context
+from mibyan.tools.approval import Answer, ApprovalRequest, Approver
 
 if TYPE_CHECKING:
     from mibyan.editors.outbox import Outbox
@@ -113,7 +114,7 @@ class TurnBridge:
             "tool_progress_callback": self.on_tool_progress,
             "step_callback": self.on_step,
             "status_callback": self.on_status,
-            "approval_callback": self.ask_permission,
+            "approval_callback": Approver(self.ask_permission),
         }
 
     def on_text(self, text: str) -> None:
@@ -200,13 +201,13 @@ class TurnBridge:
 
     # -- approvals -------------------------------------------------------------------------------------
 
-    def ask_permission(self, command: str, reason: str) -> str:
+    def ask_permission(self, request: ApprovalRequest) -> Answer:
         """The approval callback: ask the editor; "once", "always" or "deny" (also when withdrawn)."""
-        bound = context.current()
         if context.stop_requested():  # the turn is being cancelled: nobody is asked any more
             return "deny"
+        command, reason = request.subject, request.reason
         with self._lock:
-            call = self._calls.get(bound.call_id or "") if bound is not None else None
+            call = self._calls.get(request.call_id)
         acp_id = call.acp_id if call is not None else f"call-{secrets.token_hex(6)}"
         because = " ".join(reason.split()).rstrip(". ")
         shown = [*(call.diff if call is not None else []), updates.text_content(f"This {because}.")]
@@ -239,6 +240,6 @@ class TurnBridge:
             with self._lock:
                 self._questions.discard(question)
         outcome = answer.outcome
-        if isinstance(outcome, AllowedOutcome) and outcome.option_id in ("once", "always"):
-            return outcome.option_id
-        return "deny"
+        if isinstance(outcome, AllowedOutcome) and outcome.option_id == "always":
+            return "always"
+        return "once" if isinstance(outcome, AllowedOutcome) and outcome.option_id == "once" else "deny"

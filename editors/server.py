@@ -19,7 +19,7 @@ import logging
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from acp import PROTOCOL_VERSION, RequestError
 from acp.schema import (
@@ -50,13 +50,15 @@ from mibyan.editors.outbox import Outbox, settle_in_thread
 if TYPE_CHECKING:
     from acp.interfaces import Client
 
+    from mibyan.agent.turn_state import ExitReason
     from run_agent import AIAgent
 
 log = logging.getLogger("mibyan.editors")
 
 #: Sessions per page of session/list.
 _PAGE = 50
-_STOP_REASONS = {
+# the ACP stop reason of each way a turn ends but "error", which answers the prompt with an error instead
+_STOP_REASONS: dict[ExitReason, Literal["end_turn", "max_turn_requests", "cancelled"]] = {
     "completed": "end_turn",
     "budget_exhausted": "max_turn_requests",
     "interrupted": "cancelled",
@@ -338,8 +340,8 @@ class MibyanEditorAgent:
         if session.cancelled:
             return PromptResponse(stop_reason="cancelled")
         if result["exit_reason"] == "error":
-            raise RequestError.internal_error({"details": str(result["error"])})
-        return PromptResponse(stop_reason=_STOP_REASONS[result["exit_reason"]])  # type: ignore[arg-type]
+            raise RequestError.internal_error({"details": result["error"] or "the turn failed"})
+        return PromptResponse(stop_reason=_STOP_REASONS[result["exit_reason"]])
 
     async def cancel(self, session_id: str, **kwargs: Any) -> None:
         session = self._sessions.get(session_id)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from acp.schema import (
     AgentMessageChunk,
@@ -32,6 +32,9 @@ from acp.schema import (
 )
 
 from mibyan.core.sanitize import visible
+
+if TYPE_CHECKING:
+    from mibyan.agent.messages import Message
 
 Update = (
     AgentMessageChunk
@@ -255,23 +258,22 @@ def prompt_text(blocks: list[Any]) -> str:
 _FAILED = ("error:", "blocked", "denied", "refused", "not run", "not done", "interrupted")
 
 
-def replay(messages: list[dict[str, Any]], cwd: Path) -> list[Update]:
+def replay(messages: list[Message], cwd: Path) -> list[Update]:
     """A stored conversation as the updates that would have shown it: what the user said, the
     answers, reasoning, and each tool call with its result."""
     updates: list[Update] = []
     diffs: dict[str, list[ToolContent]] = {}
     for message in messages:
-        role = message.get("role")
-        content = message.get("content")
-        if role == "user" and isinstance(content, str):
+        content = message.get("content")  # an assistant message from outside may leave it out
+        if message["role"] == "user" and isinstance(content, str):
             updates.append(
                 UserMessageChunk(
                     session_update="user_message_chunk", content=TextContentBlock(type="text", text=content)
                 )
             )
-        elif role == "assistant":
+        elif message["role"] == "assistant":
             if message.get("reasoning"):
-                updates.append(agent_thought(str(message["reasoning"])))
+                updates.append(agent_thought(str(message.get("reasoning"))))
             if isinstance(content, str) and content:
                 updates.append(agent_text(content))
             for call in message.get("tool_calls") or []:
@@ -279,7 +281,7 @@ def replay(messages: list[dict[str, Any]], cwd: Path) -> list[Update]:
                 name, raw = str(function.get("name", "")), function.get("arguments")
                 diffs[call["id"]] = edit_content(name, arguments_of(raw), cwd, read_old=False)
                 updates.append(call_start(call["id"], name, raw, cwd, status="in_progress", read_old=False))
-        elif role == "tool" and message.get("tool_call_id") in diffs:
+        elif message["role"] == "tool" and message["tool_call_id"] in diffs:
             result = str(content or "")
             ok = not result.startswith(_FAILED)
             updates.append(

@@ -16,7 +16,10 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from mibyan.tools.approval import Answer, ApprovalRequest
 
 ANSWERS = {"/approve": True, "/deny": False}
 #: Why a dangerous command was refused without asking: the gateway's policy, or no channel to ask in.
@@ -159,9 +162,9 @@ class ChannelAsker:
         self._new, self._post, self._expire = new, post, expire
         self._one_at_a_time = threading.Lock()
 
-    def approve(self, command: str, reason: str) -> str:
+    def approve(self, request: ApprovalRequest) -> Answer:
         """The approval callback: "once" when the channel answers /approve, else "deny"."""
-        pending = self._ask("approval", command, reason, ())
+        pending = self._ask("approval", request.subject, request.reason, ())
         return "once" if pending is not None and pending.approved else "deny"
 
     def clarify(self, question: str, choices: list[str] | None = None) -> str:

@@ -9,16 +9,18 @@ on open; it is never run a second time.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from agent_state import mask_secrets
 from mibyan.gateway.ledger import InboxEntry
+from mibyan.gateway.work import RunRequest
 
 if TYPE_CHECKING:
+    from mibyan.agent.messages import Message
     from mibyan.gateway.agents import AgentInstance
 
 
-def cut_turn_start(entry: InboxEntry, session_id: str, history: Sequence[dict[str, Any]]) -> int | None:
+def cut_turn_start(entry: InboxEntry, session_id: str, history: Sequence[Message]) -> int | None:
     """The index of the entry's user message in `history` when its turn is the session's last one.
 
     Only a message that started (`running`) or failed under its id has a turn to go on with: `pending`
@@ -33,15 +35,15 @@ def cut_turn_start(entry: InboxEntry, session_id: str, history: Sequence[dict[st
     """
     if entry.status not in ("running", "failed") or entry.history_length is None or entry.session_id is None:
         return None
-    users = [index for index, message in enumerate(history) if message.get("role") == "user"]
+    users = [index for index, message in enumerate(history) if message["role"] == "user"]
     if not users:
         return None
     last = users[-1]
     if session_id == entry.session_id:
         return last if last == entry.history_length else None
     # compressed during the turn: the child holds the turn's user message last, if it got that far
-    said = history[last].get("content")
-    same = mask_secrets(str(said)) == mask_secrets(str(entry.request.get("text")))
+    said = history[last]["content"]
+    same = mask_secrets(str(said)) == mask_secrets(RunRequest.from_record(entry.request).text)
     return last if same else None
 
 
@@ -49,8 +51,9 @@ def not_to_resume(entry: InboxEntry, instance: AgentInstance | None) -> str | No
     """Why a message the last run left unanswered is not run at this start (None: it is)."""
     if instance is None:
         return "its agent is no longer configured"
-    if entry.request.get("approval_answer"):
+    request = RunRequest.from_record(entry.request)
+    if request.approval_answer:
         return "the question it answered died with the last run"
-    if entry.request.get("one_off") and entry.message_key is None:
+    if request.one_off and entry.message_key is None:
         return "a one-off conversation without an Idempotency-Key, whose reply nobody can collect"
     return None

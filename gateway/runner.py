@@ -17,7 +17,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Literal, TypeVar
 
 from agent_state import SessionStore, mask_secrets
 from mibyan.agent.session_lock import SessionLock, build_holding
@@ -42,12 +42,15 @@ from mibyan.gateway.work import (
     Job,
     Outcome,
     RunFailed,
+    RunRequest,
     ShuttingDown,
     UnknownAgent,
     channel_key,
 )
+from mibyan.tools.approval import Approver
 
 if TYPE_CHECKING:
+    from mibyan.agent.turn_state import ConversationResult
     from run_agent import AIAgent
 
 log = logging.getLogger("mibyan.gateway")
@@ -127,7 +130,7 @@ class Gateway:
                 await self._ledger(functools.partial(self.ledger.set_status, entry.id, "failed"))
                 continue
             assert instance is not None
-            self._enqueue(entry, entry.request, instance)
+            self._enqueue(entry, RunRequest.from_record(entry.request), instance)
             queued += 1
         return queued
 
@@ -151,13 +154,10 @@ class Gateway:
         instance = self.agents[message.agent_id]
         key = channel_key(message)
         pending = self.approvals.pending(key)
-        request = {
-            "text": message.text,
-            "history": message.history,
-            "one_off": message.channel is None,
-            "approval_answer": pending is not None,
-        }
-        entry, new = await self._ledger(lambda: self.ledger.record_inbound(key, message.message_key, request))
+        history = tuple(message.history) if message.history is not None else None
+        request = RunRequest(message.text, history, message.channel is None, pending is not None)
+        record = request.as_record()
+        entry, new = await self._ledger(lambda: self.ledger.record_inbound(key, message.message_key, record))
         if not new:
             reply = await self._ledger(lambda: self.ledger.reply_for(entry.id))
             if reply is not None:
@@ -241,8 +241,8 @@ class Gateway:
             raise ShuttingDown("the gateway is shutting down")
         key = channel_key(message)
         pending = self.approvals.pending(key) if self.approvals is not None else None
-        request = {"text": message.text, "history": None, "one_off": False, "approval_answer": bool(pending)}
-        await self._ledger(lambda: self.ledger.record_inbound(key, message.message_key, request))
+        record = RunRequest(message.text, approval_answer=bool(pending)).as_record()
+        await self._ledger(lambda: self.ledger.record_inbound(key, message.message_key, record))
         return asyncio.create_task(self.submit(message))
 
     def interrupt(self, channel: str) -> bool:
@@ -273,7 +273,7 @@ class Gateway:
     def _enqueue(
         self,
         entry: InboxEntry,
-        request: dict[str, Any],
+        request: RunRequest,
         instance: AgentInstance,
         on_delta: Delta | None = None,
         on_start: Delta | None = None,
@@ -330,7 +330,7 @@ class Gateway:
         entry, instance = job.entry, job.agent
         prepare_workspace(instance.workspace)
         stream = job.stream = AnswerStream(job.on_delta, job.preface)
-        one_off = bool(job.request.get("one_off"))
+        one_off = job.request.one_off
         if one_off:  # a keyed one-off cut off mid-turn goes on in the session it began
             session_id = entry.session_id if entry.status in ("running", "failed") else None
         else:
@@ -341,7 +341,7 @@ class Gateway:
             asker = self._asker(job)
             callbacks["clarify_callback"] = asker.clarify
             if self._asking:
-                callbacks["approval_callback"] = asker.approve
+                callbacks["approval_callback"] = Approver(asker.approve)
         unasked = NO_CHANNEL_TO_ASK if self._asking else DENIED_BY_POLICY
         # held before the session is opened, so its repair never touches a run of another process
         lock = None if session_id is None else SessionLock.for_session(self.home, self.store, session_id)
@@ -365,9 +365,8 @@ class Gateway:
             if cut is not None:  # what the cut turn stored stays; nothing it ran runs again
                 result = agent.continue_turn()
             else:
-                history = job.request.get("history")
-                text = str(job.request["text"])
-                result = agent.run_conversation(text, conversation_history=history if one_off else None)
+                history = list(job.request.history) if one_off and job.request.history is not None else None
+                result = agent.run_conversation(job.request.text, conversation_history=history)
             outcome = self._settle(job, result, stream)
             if outcome.error is None and not outcome.interrupted:
                 self._compress_after_delivery(job, agent, outcome)
@@ -391,14 +390,14 @@ class Gateway:
         except MibyanError as exc:  # the answer is out and the history intact: the next turn tries again
             log.warning("compressing %s after delivery failed: %s", job.entry.channel, exc)
             return
-        if compressed and not job.request.get("one_off"):
+        if compressed and not job.request.one_off:
             self.ledger.tag_session(agent.session_id, job.entry.channel)
 
-    def _settle(self, job: Job, result: dict[str, Any], stream: AnswerStream) -> Outcome:
+    def _settle(self, job: Job, result: ConversationResult, stream: AnswerStream) -> Outcome:
         """Record what the run came to: the reply (before it is sent), or the failure."""
         entry = job.entry
-        one_off = bool(job.request.get("one_off"))
-        session = str(result["session_id"])
+        one_off = job.request.one_off
+        session = result["session_id"]
         if not one_off:
             self.ledger.tag_session(session, entry.channel)
         if result["interrupted"]:
@@ -406,8 +405,8 @@ class Gateway:
         if result["exit_reason"] == "error":
             log.warning("message %s on %s failed: %s", entry.id, entry.channel, result["error"])
             self.ledger.set_status(entry.id, "failed")
-            return Outcome(entry.id, "", session, result["usage"], error=mask_secrets(str(result["error"])))
-        final = stream.reply(str(result["final_response"] or ""))
+            return Outcome(entry.id, "", session, result["usage"], error=mask_secrets(result["error"] or ""))
+        final = stream.reply(result["final_response"] or "")
         reply = self.ledger.record_reply(entry, final, session, result["usage"])
         return Outcome(entry.id, reply.text, session, reply.usage)
 

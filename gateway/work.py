@@ -16,6 +16,7 @@ from mibyan.gateway.ledger import InboxEntry
 from mibyan.gateway.streaming import AnswerStream
 
 if TYPE_CHECKING:
+    from mibyan.agent.messages import Message
     from mibyan.gateway.agents import AgentInstance
 
 Delta = Callable[[str], None]
@@ -50,8 +51,47 @@ class Inbound:
     connector: str
     channel: str | None
     text: str
-    history: list[dict[str, Any]] | None = None
+    history: list[Message] | None = None
     message_key: str | None = None
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """What a job runs: the message as it arrived, or as the ledger kept it (secrets masked) for one
+    resumed after a restart.
+
+    Attributes:
+        text: the new user message.
+        history: for a one-off conversation, the messages before `text`.
+        one_off: a conversation of its own (no channel): it runs in no channel's session.
+        approval_answer: it arrived while its channel's run waited for an answer to a question.
+    """
+
+    text: str
+    history: tuple[Message, ...] | None = None
+    one_off: bool = False
+    approval_answer: bool = False
+
+    def as_record(self) -> dict[str, Any]:
+        """The request as the ledger stores it (JSON)."""
+        history = list(self.history) if self.history is not None else None
+        return {
+            "text": self.text,
+            "history": history,
+            "one_off": self.one_off,
+            "approval_answer": self.approval_answer,
+        }
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> RunRequest:
+        """The request the ledger stored (`as_record`); what an older gateway left out is the default."""
+        history = record.get("history")
+        return cls(
+            text=str(record.get("text") or ""),
+            history=tuple(history) if isinstance(history, list) else None,
+            one_off=bool(record.get("one_off")),
+            approval_answer=bool(record.get("approval_answer")),
+        )
 
 
 @dataclass(frozen=True)
@@ -72,7 +112,7 @@ class Job:
     message resumed after a restart runs from it."""
 
     entry: InboxEntry
-    request: dict[str, Any]
+    request: RunRequest
     agent: AgentInstance
     future: asyncio.Future[Outcome]
     on_delta: Delta | None = None

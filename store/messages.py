@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, cast
 
 from mibyan.core.redact import mask_secrets
 from mibyan.store.database import Connection, Database, Row, StoreError, row_dict
 from mibyan.store.sessions import insert_session
 
-Message = dict[str, Any]
+if TYPE_CHECKING:
+    from mibyan.agent.messages import Message
 
 _INSERT = (
     "INSERT INTO messages (session_id, seq, role, content, tool_calls, tool_call_id, name, reasoning,"
@@ -31,7 +33,8 @@ def _masked(value: str | None) -> str | None:
 
 
 def _row_to_message(row: Row) -> Message:
-    message: Message = {"role": row["role"], "content": row["content"]}
+    # A row holds the fields of its role only (each was written from a message of that role).
+    message: dict[str, Any] = {"role": row["role"], "content": row["content"]}
     if row["tool_calls"]:
         message["tool_calls"] = json.loads(row["tool_calls"])
     if row["tool_call_id"]:
@@ -42,7 +45,7 @@ def _row_to_message(row: Row) -> Message:
         message["reasoning"] = row["reasoning"]
     if row["provider_data"]:
         message["provider_data"] = json.loads(row["provider_data"])
-    return message
+    return cast("Message", message)
 
 
 def _masked_calls(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -57,7 +60,8 @@ def _masked_calls(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return masked
 
 
-def _message_values(session_id: str, seq: int, message: Message, now: float) -> tuple[Any, ...]:
+def _message_values(session_id: str, seq: int, typed: Message, now: float) -> tuple[Any, ...]:
+    message: Mapping[str, Any] = typed  # one column per field, whichever role has it
     content = message.get("content")
     if content is not None and not isinstance(content, str):
         content = json.dumps(content, ensure_ascii=False)

@@ -167,7 +167,22 @@ def test_a_streamed_answer_is_rendered_whole_when_it_ends() -> None:
     renderer = Renderer(Console(file=io.StringIO(), width=100, force_terminal=False))
     for i in range(500):
         renderer.on_delta(f"word{i} ")
-    renderer.end_turn({"final_response": "x", "usage": {"input_tokens": 1, "output_tokens": 1}}, "m")
+    usage = {"input_tokens": 1, "output_tokens": 1}
+    renderer.end_turn(
+        {
+            "final_response": "x",
+            "messages": [],
+            "session_id": "s",
+            "task_id": "t",
+            "api_calls": 1,
+            "completed": True,
+            "interrupted": False,
+            "exit_reason": "completed",
+            "usage": usage,
+            "error": None,
+        },
+        "m",
+    )
     assert "word499" in renderer.console.file.getvalue()  # the last pieces came after the last re-parse
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import socket
 import subprocess
 import sys
@@ -143,6 +144,19 @@ def test_a_message_key_is_recorded_once_per_channel(ledger: Ledger) -> None:
 
     assert (new, repeated, elsewhere) == (True, False, True)
     assert again.id == first.id != other.id
+
+
+def test_a_request_the_ledger_kept_runs_as_it_arrived(ledger: Ledger) -> None:
+    from mibyan.gateway.work import RunRequest
+
+    history = ({"role": "user", "content": "before"}, {"role": "assistant", "content": "yes"})
+    request = RunRequest("hi", history, one_off=True, approval_answer=False)
+    entry, _ = ledger.record_inbound("meepa/api#1", "k-1", request.as_record())
+
+    assert RunRequest.from_record(entry.request) == request
+    assert RunRequest.from_record({"text": "hi"}) == RunRequest("hi")  # what an older gateway kept
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        request.text = "changed"  # type: ignore[misc]
 
 
 def test_a_reply_is_pending_until_sent(ledger: Ledger) -> None:

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from loopback import Reply, ScriptedServer
 
-from mibyan.tools.approval import ApprovalPolicy, classify_command
+from mibyan.tools.approval import ApprovalPolicy, ApprovalRequest, classify_command
 
 # -- grants never widen --------------------------------------------------------------------------------
 
@@ -26,25 +26,30 @@ def _policy(always: list[str], asked: list[str]) -> ApprovalPolicy:
     )
 
 
+def _terminal(command: str) -> ApprovalRequest:
+    """The question a terminal call of `command` asks."""
+    return ApprovalRequest("call_1", "terminal", command, classify_command(command))
+
+
 @pytest.mark.parametrize("command", ["$a -rf x", "a=rm; $a -rf x", "$(echo rm) -rf x", "/bin/r? -r x"])
 def test_an_always_grant_of_rm_recursive_does_not_cover_computed_names(command: str) -> None:
     asked: list[str] = []
     policy = _policy(["rm_recursive"], asked)
-    assert policy.decide("rm -r x", classify_command("rm -r x"))[0]
-    allowed, _ = policy.decide(command, classify_command(command))
+    assert policy.decide(_terminal("rm -r x"))[0]
+    allowed, _ = policy.decide(_terminal(command))
     assert not allowed and asked == [command]
 
 
 def test_a_command_of_two_kinds_needs_both_approved() -> None:
     command = "rm -r build; git push --force"
     asked: list[str] = []
-    assert not _policy(["rm_recursive"], asked).decide(command, classify_command(command))[0]
-    assert _policy(["rm_recursive", "git_force_push"], []).decide(command, classify_command(command))[0]
+    assert not _policy(["rm_recursive"], asked).decide(_terminal(command))[0]
+    assert _policy(["rm_recursive", "git_force_push"], []).decide(_terminal(command))[0]
 
 
 def test_sudo_is_its_own_kind() -> None:
     asked: list[str] = []
-    allowed, _ = _policy(["rm_recursive"], asked).decide("sudo rm -r x", classify_command("sudo rm -r x"))
+    allowed, _ = _policy(["rm_recursive"], asked).decide(_terminal("sudo rm -r x"))
     assert not allowed and asked
 
 

@@ -234,6 +234,30 @@ def test_a_denied_command_does_not_run_and_the_model_is_told(
     assert tool_results(result)[0].startswith("denied by user")
 
 
+def test_an_approver_is_handed_the_whole_question_with_its_call_and_verdict(
+    server: ScriptedServer, make_agent, tmp_path: Path
+) -> None:
+    from mibyan.tools.approval import ApprovalRequest, Approver
+
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    server.add(Reply(tool_calls=[("terminal", {"command": f"rm -rf {victim}"})]), Reply(text="ok"))
+    asked: list[ApprovalRequest] = []
+
+    result = make_agent(approval_callback=Approver(lambda r: asked.append(r) or "deny")).run_conversation(
+        "clean"
+    )
+
+    [call] = [c for m in result["messages"] if m["role"] == "assistant" for c in m.get("tool_calls", [])]
+    [request] = asked
+    assert (request.call_id, request.tool, request.subject) == (call["id"], "terminal", f"rm -rf {victim}")
+    assert (request.verdict.key, request.reason) == (
+        "rm_recursive",
+        "deletes a folder and everything in it (rm -r)",
+    )
+    assert victim.exists() and tool_results(result)[0].startswith("denied by user")
+
+
 def test_without_a_callback_dangerous_commands_are_denied(
     server: ScriptedServer, make_agent, tmp_path: Path
 ) -> None:

@@ -8,14 +8,15 @@ rest are "safe". A command the judge cannot read whole is dangerous, never safe.
 
 `ApprovalPolicy` turns a verdict into a decision: --yolo, an earlier answer of the same kind, or the user.
 Each verdict has a key naming its kind ("rm_recursive"); a command of several kinds has them all,
-joined ("git_force_push+rm_recursive"), and is approved only when each of its kinds is.
+joined ("git_force_push+rm_recursive"), and is approved only when each of its kinds is. Whoever is asked
+(the terminal, a gateway channel, an editor, a parent's session answers) is handed one `ApprovalRequest`:
+the call, its tool, what it would do and the verdict, each a field, so nobody reads them back from text.
 """
 
 from __future__ import annotations
 
 import contextvars
 import logging
-import re
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -54,7 +55,32 @@ log = logging.getLogger("mibyan.approval")
 OUTSIDE_SANDBOX_REASON = "runs outside the sandbox"
 
 
-_MCP_SUBJECT = re.compile(r"MCP server ([A-Za-z0-9_-]+) › (mcp__[A-Za-z0-9_-]+)\n")
+@dataclass(frozen=True)
+class ApprovalRequest:
+    """One question: may this tool call run? Handed whole to whoever answers it.
+
+    Attributes:
+        call_id: the model's id of the call.
+        tool: the tool's name (`terminal`, `read_file`, `mcp__<server>__<tool>`).
+        subject: what the question shows: the command line, the file and what a write writes, or the MCP
+            server, tool and arguments.
+        verdict: why it asks (`verdict.reason`, a clause that reads after "This command ") and the kind
+            of approval a "session" or "always" answer grants (`verdict.key`).
+    """
+
+    call_id: str
+    tool: str
+    subject: str
+    verdict: Verdict
+
+    @property
+    def reason(self) -> str:
+        return self.verdict.reason
+
+    @property
+    def what(self) -> str:
+        """What was not run, for a refusal: a file tool's call is not a command."""
+        return "the command" if self.tool == "terminal" else f"the {self.tool} call"
 
 
 #: The end of the key of an editor's MCP server's tool: approved for a session at most, never saved, so
@@ -120,6 +146,28 @@ def covered(key: str, approved: Iterable[str]) -> bool:
 Answer = Literal["once", "session", "always", "deny"]
 
 
+@dataclass(frozen=True)
+class Approver:
+    """An `approval_callback` that is handed the whole ApprovalRequest (mibyan's own transports are).
+
+    A plain callable is called `(subject, reason)`, the form documented for Python callers.
+    """
+
+    answer: Callable[[ApprovalRequest], Answer]
+
+
+#: What `approval_callback` may be: an Approver, or a callable `(subject, reason) -> answer`.
+ApprovalCallback = Approver | Callable[[str, str], Any]
+
+
+def _asker(callback: ApprovalCallback | None) -> Callable[[ApprovalRequest], Any] | None:
+    """The policy's question from an `approval_callback`, in whichever of its two forms it comes."""
+    if callback is None or isinstance(callback, Approver):
+        return None if callback is None else callback.answer
+    plain = callback
+    return lambda request: plain(request.subject, request.reason)
+
+
 class ApprovalPolicy:
     """Decides whether a dangerous command may run: --yolo, earlier answers, or asking the user.
 
@@ -138,30 +186,23 @@ class ApprovalPolicy:
     def __init__(
         self,
         *,
-        ask: Callable[[str, str], Any] | None,
+        ask: ApprovalCallback | None,
         yolo: bool,
         always: list[str],
         timeout: float,
         save_always: Callable[[str], None],
     ) -> None:
-        self._ask = ask
+        self._ask = _asker(ask)
         self.yolo = yolo
         self._approved = {key for key in always if not key.endswith(EDITOR_KEY)}
         self._timeout = timeout
         self._save_always = save_always
         self._lock = threading.Lock()
 
-    def decide(
-        self,
-        command: str,
-        verdict: Verdict,
-        *,
-        what: str = "the command",
-        signal: InterruptSignal | None = None,
-    ) -> tuple[bool, str]:
-        """(allowed, why). Hardline commands are never allowed; `what` names what was not run in a
-        refusal (a file tool's call is not a command); `signal` is the call's stop signal: set, a
-        denial is a question withdrawn rather than answered."""
+    def decide(self, request: ApprovalRequest, *, signal: InterruptSignal | None = None) -> tuple[bool, str]:
+        """(allowed, why) for the call `request` asks about. Hardline commands are never allowed.
+        `signal` is the call's stop signal: set, a denial is a question withdrawn rather than answered."""
+        verdict, what = request.verdict, request.what
         if verdict.tier == "hardline":
             return False, f"blocked: {verdict.reason}; mibyan never runs this"
         if verdict.tier == "safe":
@@ -175,7 +216,7 @@ class ApprovalPolicy:
                 return True, "approved earlier"
             if self._ask is None:
                 return False, f"refused: {self.unasked} — {what} was not run ({verdict.reason})"
-            answer = self._ask_user(command, verdict.reason)
+            answer = self._ask_user(request)
             if verdict.ask_every_time and answer != "deny":
                 return True, "approved by user (this once)"
             if answer in ("session", "always"):
@@ -204,27 +245,20 @@ class ApprovalPolicy:
         if self.subagents_ask:
             child._ask = self._ask
 
-    def answer_from_session(self, command: str, reason: str, *, policy: JudgePolicy | None = None) -> Answer:
-        """An approval callback for subagents: yes for what this user approved for the session, else no.
+    def answer_from_session(self, request: ApprovalRequest) -> Answer:
+        """A subagent's answers: yes for a command or MCP call of a kind this user approved for the
+        session, else no.
 
-        Running outside the sandbox is never approved on the user's behalf. `policy` is what the
-        subagent's commands are judged for (its parent's run: the same home, folders and sandbox).
+        What is asked every time (running outside the sandbox, reading a secret) is never approved on the
+        user's behalf, and neither is a file tool's call outside the working directory.
         """
-        if reason.startswith(OUTSIDE_SANDBOX_REASON):
+        verdict = request.verdict
+        if verdict.ask_every_time or not (request.tool == "terminal" or request.tool.startswith("mcp__")):
             return "deny"
-        mcp = _MCP_SUBJECT.match(command)
-        server, name = mcp.groups() if mcp is not None else ("", "")
-        for editor in (False, True) if mcp is not None else ():
-            asked = mcp_verdict(server, name, editor=editor)
-            if reason == asked.reason:
-                # an MCP tool's call (the reason is mibyan's own, never a command's): approved if it was
-                return "once" if covered(asked.key, self._approved) else "deny"
-        # the same judgement as the question's, so a file tool's question cannot borrow a command's grant
-        verdict = classify_command(command, policy=policy)
         approved = verdict.needs_approval and covered(verdict.key, self._approved)
-        return "once" if approved and verdict.reason == reason else "deny"
+        return "once" if approved else "deny"
 
-    def _ask_user(self, command: str, reason: str) -> Answer:
+    def _ask_user(self, request: ApprovalRequest) -> Answer:
         if self._ask is None:
             return "deny"
         ask = self._ask
@@ -232,7 +266,7 @@ class ApprovalPolicy:
         # the question runs in the tool's context, so the one who asks knows which call it is about
         calling = contextvars.copy_context()
         worker = threading.Thread(
-            target=lambda: box.append(calling.run(ask, command, reason)), daemon=True, name="mibyan-approval"
+            target=lambda: box.append(calling.run(ask, request)), daemon=True, name="mibyan-approval"
         )
         worker.start()
         worker.join(self._timeout)

@@ -18,16 +18,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from functools import partial
 from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
 from mibyan.core.errors import MibyanError, ToolError
+from mibyan.tools.approval import Approver
 from mibyan.tools.context import RunContext
-from mibyan.tools.judge_policy import JudgePolicy
 from mibyan.tools.registry import tool
 
 if TYPE_CHECKING:
     from mibyan.agent.protocol import AgentCore
+    from mibyan.agent.turn_state import ConversationResult
     from run_agent import AIAgent
 
 SUBAGENT_PROMPT = (
@@ -42,7 +42,7 @@ _ALWAYS_DENIED = ("clarify", "memory")
 class ChildOutcome:
     label: str
     goal: str
-    result: dict[str, Any] | None = None
+    result: ConversationResult | None = None
     error: str | None = None
 
 
@@ -62,11 +62,9 @@ def _tasks(goal: str | None, context: str | None, tasks: list[Any] | None) -> li
     return cleaned
 
 
-def _make_child(
-    parent: AgentCore, new_agent: Callable[..., AIAgent], label: str, policy: JudgePolicy
-) -> AIAgent:
+def _make_child(parent: AgentCore, new_agent: Callable[..., AIAgent], label: str) -> AIAgent:
     """A subagent of `parent`, made by the factory the parent passed (`RunContext.new_agent`); its
-    commands' questions are answered from the parent's session, judged for `policy` (the parent's)."""
+    commands' questions are answered from the parent's session, by the verdicts they were asked with."""
     delegation = parent.settings.delegation
     depth = parent.delegation_depth + 1
     denied = [name for name in _ALWAYS_DENIED if name not in delegation.allow_tools]
@@ -99,7 +97,7 @@ def _make_child(
         allowed_tools=[schema.name for schema in parent.tools.schemas],
         tool_progress_callback=progress,
         status_callback=status,
-        approval_callback=partial(parent.tools.approvals.answer_from_session, policy=policy),
+        approval_callback=Approver(parent.tools.approvals.answer_from_session),
         workspace=parent.workspace,
         memory=parent.memory,  # a gateway channel's subagent remembers for that channel, not for all
         workdir=parent.workdir,
@@ -129,7 +127,7 @@ def _report(outcome: ChildOutcome, cap: int) -> str:
     if outcome.result is None:
         return f"{head}\nstatus: error\n{outcome.error or 'the subagent did not finish'}"
     result = outcome.result
-    summary = (result.get("final_response") or result.get("error") or "(no report)").strip()
+    summary = (result["final_response"] or result["error"] or "(no report)").strip()
     if len(summary) > cap:
         summary = summary[:cap] + f"\n[… {len(summary) - cap} characters of the report cut]"
     usage = result["usage"]
@@ -147,8 +145,7 @@ def run_delegation(ctx: RunContext, tasks: list[dict[str, str]]) -> str:
         raise ToolError("delegate_task needs a way to make subagents, and this agent was given none")
     delegation = parent.settings.delegation
     outcomes = [ChildOutcome(label=f"subagent {i + 1}", goal=t["goal"]) for i, t in enumerate(tasks)]
-    policy = ctx.judge_policy()
-    children = [_make_child(parent, ctx.new_agent, outcome.label, policy) for outcome in outcomes]
+    children = [_make_child(parent, ctx.new_agent, outcome.label) for outcome in outcomes]
     for child in children:
         parent.adopt_child(child)
     wake = ctx.waker()

@@ -20,7 +20,7 @@ from mibyan.agent.adapters.base import (
     WireRequest,
     malformed,
 )
-from mibyan.agent.messages import Message
+from mibyan.agent.messages import AssistantMessage, Message, ToolCall, ToolMessage
 from mibyan.core.errors import ProviderError
 
 DEFAULT_MAX_TOKENS = 8192
@@ -57,7 +57,7 @@ def normalize_blocks(blocks: list[dict[str, Any]], stop_reason: Any, usage: Usag
     """One NormalizedResponse from the content blocks of a reply (streamed or not)."""
     text = [b.get("text", "") for b in blocks if b.get("type") == "text"]
     thinking = [b.get("thinking", "") for b in blocks if b.get("type") == "thinking"]
-    tool_calls = [
+    tool_calls: list[ToolCall] = [
         {
             "id": b["id"],
             "type": "function",
@@ -155,14 +155,14 @@ class AnthropicStreamAssembler:
         return reply
 
 
-def _assistant_blocks(message: Message) -> list[dict[str, Any]]:
+def _assistant_blocks(message: AssistantMessage) -> list[dict[str, Any]]:
     stored = (message.get("provider_data") or {}).get(_BLOCKS_KEY)
     if stored:
         return list(stored)
     blocks: list[dict[str, Any]] = []
     if message.get("content"):
         blocks.append({"type": "text", "text": message["content"]})
-    for call in message.get("tool_calls") or ():
+    for call in message.get("tool_calls") or []:
         try:
             arguments = json.loads(call["function"].get("arguments") or "{}")
         except json.JSONDecodeError:
@@ -178,7 +178,7 @@ def _assistant_blocks(message: Message) -> list[dict[str, Any]]:
     return blocks or [{"type": "text", "text": "(no reply)"}]
 
 
-def _tool_result(message: Message) -> dict[str, Any]:
+def _tool_result(message: ToolMessage) -> dict[str, Any]:
     content = str(message.get("content") or "")
     block: dict[str, Any] = {
         "type": "tool_result",
@@ -194,13 +194,12 @@ def wire_messages(messages: list[Message]) -> list[dict[str, Any]]:
     """Our history as Anthropic messages: strictly alternating user and assistant turns of blocks."""
     wire: list[dict[str, Any]] = []
     for message in messages:
-        role = message["role"]
-        if role == "assistant":
+        if message["role"] == "assistant":
             wire.append({"role": "assistant", "content": _assistant_blocks(message)})
             continue
         block = (
             _tool_result(message)
-            if role == "tool"
+            if message["role"] == "tool"
             else {"type": "text", "text": str(message.get("content") or "")}
         )
         if wire and wire[-1]["role"] == "user":

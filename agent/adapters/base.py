@@ -8,7 +8,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from mibyan.agent.messages import Message, assistant_message
+from mibyan.agent.messages import Message, ToolCall, assistant_message
 from mibyan.core.errors import ProviderError
 from mibyan.tools.schema import ToolSchema
 
@@ -51,7 +51,7 @@ class NormalizedResponse:
     """
 
     content: str | None
-    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    tool_calls: list[ToolCall] = field(default_factory=list)
     reasoning: str | None = None
     finish_reason: str = "stop"
     usage: Usage = field(default_factory=Usage)

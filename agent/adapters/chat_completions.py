@@ -18,7 +18,7 @@ from mibyan.agent.adapters.base import (
     WireRequest,
     malformed,
 )
-from mibyan.agent.messages import Message
+from mibyan.agent.messages import Message, ToolCall
 from mibyan.core.errors import ProviderError
 from mibyan.tools.schema import ToolSchema
 
@@ -33,10 +33,8 @@ _FINISH_REASONS = {
 }
 
 
-def wire_message(message: Message) -> Message:
+def wire_message(message: Message) -> dict[str, Any]:
     """The message as Chat Completions takes it: our private keys left out."""
-    if _PRIVATE_KEYS.isdisjoint(message):
-        return message
     return {key: value for key, value in message.items() if key not in _PRIVATE_KEYS}
 
 
@@ -63,7 +61,7 @@ def parse_usage(raw: Any) -> Usage:
     )
 
 
-def _normal_tool_call(index: int, call_id: Any, name: Any, arguments: Any) -> dict[str, Any]:
+def _normal_tool_call(index: int, call_id: Any, name: Any, arguments: Any) -> ToolCall:
     return {
         "id": call_id or f"call_{uuid.uuid4().hex[:24]}",
         "type": "function",
@@ -71,7 +69,7 @@ def _normal_tool_call(index: int, call_id: Any, name: Any, arguments: Any) -> di
     }
 
 
-def _finish(reason: Any, tool_calls: list[dict[str, Any]]) -> str:
+def _finish(reason: Any, tool_calls: list[ToolCall]) -> str:
     if tool_calls and reason in (None, "stop"):
         # Some OpenAI-compatible servers say "stop" after tool calls; the calls are what counts.
         return "tool_calls"
@@ -175,7 +173,9 @@ class ChatCompletionsAdapter(WireAdapter):
     path = "/chat/completions"
 
     def build_request(self, request: WireRequest) -> dict[str, Any]:
-        wire = [{"role": "system", "content": request.system_prompt}] if request.system_prompt else []
+        wire: list[dict[str, Any]] = []
+        if request.system_prompt:
+            wire.append({"role": "system", "content": request.system_prompt})
         wire.extend(wire_message(m) for m in request.messages)
         body: dict[str, Any] = {"model": request.model, "messages": wire, "stream": request.stream}
         if request.tools:

@@ -18,7 +18,7 @@ from mibyan.agent.adapters.base import (
     WireRequest,
     malformed,
 )
-from mibyan.agent.messages import Message
+from mibyan.agent.messages import Message, ToolCall, tool_calls_of
 from mibyan.core.errors import ProviderError
 
 _ITEMS_KEY = "responses_reasoning"
@@ -49,7 +49,7 @@ def normalize_output(response: dict[str, Any]) -> NormalizedResponse:
         raise malformed("a Responses API response", response)
     text: list[str] = []
     summaries: list[str] = []
-    tool_calls: list[dict[str, Any]] = []
+    tool_calls: list[ToolCall] = []
     reasoning_items: list[dict[str, Any]] = []
     for item in output:
         kind = item.get("type")
@@ -126,15 +126,14 @@ def wire_input(messages: list[Message], model: str) -> list[dict[str, Any]]:
     """Our history as Responses input items."""
     items: list[dict[str, Any]] = []
     for message in messages:
-        role = message["role"]
-        if role == "user":
+        if message["role"] == "user":
             items.append(
                 {
                     "role": "user",
                     "content": [{"type": "input_text", "text": str(message.get("content") or "")}],
                 }
             )
-        elif role == "tool":
+        elif message["role"] == "tool":
             items.append(
                 {
                     "type": "function_call_output",
@@ -143,7 +142,7 @@ def wire_input(messages: list[Message], model: str) -> list[dict[str, Any]]:
                 }
             )
         else:
-            data = message.get("provider_data") or {}
+            data = (message.get("provider_data") if message["role"] == "assistant" else None) or {}
             if data.get("model") == model:
                 items.extend(data.get(_ITEMS_KEY) or [])
             if message.get("content"):
@@ -157,7 +156,7 @@ def wire_input(messages: list[Message], model: str) -> list[dict[str, Any]]:
                     "name": call["function"]["name"],
                     "arguments": call["function"].get("arguments") or "{}",
                 }
-                for call in message.get("tool_calls") or ()
+                for call in tool_calls_of(message)
             )
     return items
 

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any
+from typing import Any, cast
 
 from starlette.requests import ClientDisconnect, Request
 
-from mibyan.agent.messages import InvalidMessage, check_messages
+from mibyan.agent.messages import InvalidMessage, Message, check_messages
 
 _ROLES = frozenset({"system", "user", "assistant", "tool"})
 _CHANNEL_MAX = 200
@@ -51,7 +51,7 @@ def _text_of(content: Any, where: str, *, kinds: tuple[str, ...] = ("text",)) ->
     raise BadRequest(f"{where}: must be a string or a list of text parts")
 
 
-def _message(index: int, message: Any) -> dict[str, Any]:
+def _message(index: int, message: Any) -> Message:
     """One message of the request as the agent keeps it, or BadRequest naming the field at fault."""
     where = f"messages[{index}]"
     if not isinstance(message, dict):
@@ -81,7 +81,7 @@ def _message(index: int, message: Any) -> dict[str, Any]:
         raise BadRequest(str(exc).replace("messages[0]", where, 1)) from None
     if "tool_calls" in kept:
         kept["tool_calls"] = [_call(call) for call in kept["tool_calls"]]
-    return kept
+    return cast("Message", kept)  # each field checked above, by role
 
 
 def _call(call: dict[str, Any]) -> dict[str, Any]:
@@ -93,7 +93,7 @@ def _call(call: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def parse_messages(body: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
+def parse_messages(body: dict[str, Any]) -> tuple[str, list[Message]]:
     """The new user message and the messages before it, each field checked (BadRequest names it)."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
