@@ -14,6 +14,7 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -27,10 +28,13 @@ if TYPE_CHECKING:
     from mibyan.gateway.runner import Gateway
 
 log = logging.getLogger("mibyan.gateway")
+Say = Callable[[str], None]
+#: where `mibyan gateway` is handed its stop (thread-safe) instead of catching SIGTERM and SIGINT
+StopWith = Callable[[Callable[[], None]], None]
 
 
-def _say(line: str) -> None:
-    sys.stderr.write(f"mibyan gateway: {line}\n")
+def _to_stderr(line: str) -> None:
+    sys.stderr.write(f"{line}\n")
     sys.stderr.flush()
 
 
@@ -58,9 +62,22 @@ def check_config(settings: AgentSettings, home: Path) -> None:
         AgentInstance(entry, settings, home).check()  # an isolated agent where bwrap cannot run: exit 2
 
 
-def run_gateway(args: argparse.Namespace) -> int:
-    """Entry of `mibyan gateway`; returns the exit code."""
+def run_gateway(
+    args: argparse.Namespace, *, write: Say = _to_stderr, stop_with: StopWith | None = None
+) -> int:
+    """Entry of `mibyan gateway`; returns the exit code.
+
+    Args:
+        args: the parsed command line.
+        write: where each of its lines goes (without the newline); stderr.
+        stop_with: None: SIGTERM and SIGINT stop the gateway. Else handed the gateway's stop, callable
+            from any thread, before it starts: a gateway served on a thread of another program (the
+            tests' in-process one), where signals cannot be caught, is stopped with it.
+    """
     from mibyan.cli.logs import setup_logging
+
+    def say(line: str) -> None:
+        write(f"mibyan gateway: {line}")
 
     home = mibyan_home()
     try:
@@ -68,37 +85,37 @@ def run_gateway(args: argparse.Namespace) -> int:
         check_config(settings, home)
         if args.check:
             agents, connectors = len(settings.agents), len(settings.connectors)
-            _say(f"configuration is valid: {agents} agent(s), {connectors} connector(s)")
-            _say_shared_memory(settings)
+            say(f"configuration is valid: {agents} agent(s), {connectors} connector(s)")
+            _say_shared_memory(settings, say)
             return EXIT_OK
-        _prepare_home(home)
+        _prepare_home(home, say)
         setup_logging(home, file_name="gateway.log")
         _log_server_to_file()
-        return asyncio.run(_serve(settings, home))
+        return asyncio.run(_serve(settings, home, say, stop_with))
     except ConfigError as exc:
-        sys.stderr.write(f"mibyan: {exc}\n")
+        write(f"mibyan: {exc}")
         return EXIT_USAGE
     except HomeError as exc:
-        sys.stderr.write(f"mibyan: {exc}\n")
+        write(f"mibyan: {exc}")
         return EXIT_ERROR
 
 
-def _prepare_home(home: Path) -> None:
+def _prepare_home(home: Path, say: Say) -> None:
     """The home is private before the gateway writes everyone's conversations to it (as a chat makes it):
     a home others could read is made private, and the gateway says so once."""
     from mibyan.config.paths import prepare_home
 
     tightened = prepare_home(home)
     if tightened:
-        _say(f"made {', '.join(tightened)} private, so only you can read the sessions")
+        say(f"made {', '.join(tightened)} private, so only you can read the sessions")
 
 
-def _say_shared_memory(settings: AgentSettings) -> None:
+def _say_shared_memory(settings: AgentSettings, say: Say) -> None:
     """Name the agents whose channels share what they learn of a user (`memory: shared`): one user's
     words reach every other user of that agent."""
     for entry in settings.agents:
         if entry.memory == "shared":
-            _say(f"{entry.id}: memory is shared by all its channels")
+            say(f"{entry.id}: memory is shared by all its channels")
             log.info("agent %s: memory is shared by all its channels", entry.id)
 
 
@@ -119,7 +136,7 @@ async def _redeliver(gateway: Gateway, connectors: list[Connector]) -> None:
             await gateway.delivered(reply.inbox_id)
 
 
-async def _serve(settings: AgentSettings, home: Path) -> int:
+async def _serve(settings: AgentSettings, home: Path, say: Say, stop_with: StopWith | None) -> int:
     from mibyan.gateway.agents import prepare_workspace
     from mibyan.gateway.connectors import make_connector
     from mibyan.gateway.runner import Gateway
@@ -131,28 +148,35 @@ async def _serve(settings: AgentSettings, home: Path) -> int:
     connectors = [make_connector(entry, gateway) for entry in settings.connectors]
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stopping.set)
+    if stop_with is None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stopping.set)
+    else:
+
+        def stop() -> None:
+            loop.call_soon_threadsafe(stopping.set)
+
+        stop_with(stop)
     resumed = await gateway.resume()
     if resumed:
         log.info("resumed %d message(s) left unanswered by the last run", resumed)
-    _say_shared_memory(settings)
+    _say_shared_memory(settings, say)
     for instance in gateway.agents.values():
         warning = instance.sandbox_warning()
         if warning is not None:  # commands confined less than the configuration asks
-            _say(f"warning: agent {instance.id}: {warning}")
+            say(f"warning: agent {instance.id}: {warning}")
             log.warning("agent %s: %s", instance.id, warning)
     for connector in connectors:
         await connector.start()
-        _say(f"{connector.name} ({connector.kind}) on {connector.url}")
+        say(f"{connector.name} ({connector.kind}) on {connector.url}")
         notice = getattr(connector, "notice", None)
         if notice:
-            _say(f"warning: {connector.name}: {notice}")
+            say(f"warning: {connector.name}: {notice}")
     await _redeliver(gateway, connectors)
-    _say("ready")
+    say("ready")
     log.info("ready: %s", ", ".join(f"{c.name} on {c.url}" for c in connectors))
     await stopping.wait()
-    _say("stopping")
+    say("stopping")
     await gateway.drain()
     for connector in connectors:
         await connector.stop()

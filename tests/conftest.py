@@ -58,6 +58,25 @@ def _isolated_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> No
 
 
 @pytest.fixture
+def start_gateway(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., Any]]:
+    """Start `mibyan gateway` inside this process: `start_gateway(home, env=...)` is an InProcessGateway
+    (tests/gatewaying.py), the client RunningGateway's; whatever still runs is stopped at the end."""
+    from gatewaying import InProcessGateway
+
+    started: list[InProcessGateway] = []
+
+    def start(home: Path, *, env: dict[str, str] | None = None, timeout: float = 60) -> InProcessGateway:
+        assert not any(g.running for g in started), "one in-process gateway at a time (one environment)"
+        gateway = InProcessGateway(home, monkeypatch, env=env, timeout=timeout)
+        started.append(gateway)
+        return gateway
+
+    yield start
+    for gateway in started:
+        gateway.close()
+
+
+@pytest.fixture
 def make_agent(server: ScriptedServer, home: Path) -> Callable[..., Any]:
     from run_agent import AIAgent
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import yaml
 from conftest import run_cli
-from gatewaying import RunningGateway, write_config
+from gatewaying import write_config
 from loopback import Reply, ScriptedServer
 from test_gateway import MEEPA
 
@@ -25,7 +25,7 @@ def default_home(tmp_path: Path) -> tuple[dict[str, str], Path]:
 
 
 def test_a_gateway_agent_writes_its_workspace_and_tmp_in_the_default_home(
-    server: ScriptedServer, tmp_path: Path
+    server: ScriptedServer, tmp_path: Path, start_gateway: Any
 ) -> None:
     env, home = default_home(tmp_path)
     write_config(home, {"local": server.base_url}, [MEEPA])
@@ -45,7 +45,7 @@ def test_a_gateway_agent_writes_its_workspace_and_tmp_in_the_default_home(
         ("write_file", {"path": ".mibyan/config.yaml", "content": "approvals: {always: [rm]}\n"}),
     ]
     server.add(Reply(tool_calls=calls), Reply(text="done"))
-    with RunningGateway(home, env=env) as gateway:
+    with start_gateway(home, env=env) as gateway:
         gateway.client().chat.completions.create(model="meepa", messages=[{"role": "user", "content": "go"}])
 
     written, patched, shell, scratch, shell_tmp, *refused = tool_results(server.requests[1].body)

@@ -1,4 +1,5 @@
-"""`mibyan gateway` from outside: a real gateway process, the openai SDK as its client, scripted models."""
+"""`mibyan gateway` from outside: a real gateway (served in this process, and a process where the test is
+about the process: its signals, a kill, its stderr), the openai SDK as its client, scripted models."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import openai
 import pytest
 import yaml
 from conftest import run_cli, wait_until
-from gatewaying import TOKEN, RunningGateway, write_config
+from gatewaying import TOKEN, InProcessGateway, RunningGateway, ServedGateway, write_config
 from loopback import Reply, ScriptedServer, held_until
 
 from agent_state import SessionStore
@@ -29,13 +30,21 @@ MEEPA = {"id": "meepa", "default": True, "provider": "local", "model": "meepa-mo
 
 
 @pytest.fixture
-def gateway(server: ScriptedServer, home: Path) -> Iterator[RunningGateway]:
+def gateway(server: ScriptedServer, home: Path, start_gateway: Any) -> Iterator[InProcessGateway]:
+    write_config(home, {"local": server.base_url}, [MEEPA], gateway={"max_concurrent": 32})
+    with start_gateway(home) as running:
+        yield running
+
+
+@pytest.fixture
+def process(server: ScriptedServer, home: Path) -> Iterator[RunningGateway]:
+    """The same gateway as a `mibyan gateway` process, for the tests of its signals and its stderr."""
     write_config(home, {"local": server.base_url}, [MEEPA], gateway={"max_concurrent": 32})
     with RunningGateway(home) as running:
         yield running
 
 
-def ask(gateway: RunningGateway, text: str, *, channel: str | None = None, key: str | None = None) -> Any:
+def ask(gateway: ServedGateway, text: str, *, channel: str | None = None, key: str | None = None) -> Any:
     headers = {}
     if channel is not None:
         headers["X-Mibyan-Channel"] = channel
@@ -67,7 +76,7 @@ def recorded_messages(home: Path) -> int:
         store.close()
 
 
-def test_each_agent_reaches_its_own_model_with_its_own_persona(home: Path) -> None:
+def test_each_agent_reaches_its_own_model_with_its_own_persona(home: Path, start_gateway: Any) -> None:
     with ScriptedServer() as first, ScriptedServer() as second:
         first.add(Reply(text="from meepa"))
         second.add(Reply(text="from bob"))
@@ -79,7 +88,7 @@ def test_each_agent_reaches_its_own_model_with_its_own_persona(home: Path) -> No
         (home / "agents" / "meepa" / "MEMORY.md").write_text(
             "Meepa's secret note: the map is in the attic.\n"
         )
-        with RunningGateway(home) as gateway:
+        with start_gateway(home) as gateway:
             client = gateway.client()
             meepa = client.chat.completions.create(
                 model="meepa", messages=[{"role": "user", "content": "hi"}]
@@ -95,14 +104,14 @@ def test_each_agent_reaches_its_own_model_with_its_own_persona(home: Path) -> No
     assert "Meepa" not in bob_prompt and "attic" not in bob_prompt
 
 
-def test_an_agents_skills_are_its_own(server: ScriptedServer, home: Path) -> None:
+def test_an_agents_skills_are_its_own(server: ScriptedServer, home: Path, start_gateway: Any) -> None:
     skill = home / "agents" / "meepa" / "skills" / "maps" / "SKILL.md"
     skill.parent.mkdir(parents=True)
     skill.write_text(
         "---\nname: maps\ndescription: Reading sea charts\ntriggers: [chart]\n---\nUse the grid.\n"
     )
     write_config(home, {"local": server.base_url}, [MEEPA, {"id": "bob", "provider": "local"}])
-    with RunningGateway(home) as gateway:
+    with start_gateway(home) as gateway:
         for agent_id in ("meepa", "bob"):
             gateway.client().chat.completions.create(
                 model=agent_id, messages=[{"role": "user", "content": "read this chart"}]
@@ -113,14 +122,14 @@ def test_an_agents_skills_are_its_own(server: ScriptedServer, home: Path) -> Non
     assert "grid" not in to_bob and "sea charts" not in to_bob
 
 
-def test_a_fact_one_agent_remembers_is_never_offered_to_another(home: Path) -> None:
+def test_a_fact_one_agent_remembers_is_never_offered_to_another(home: Path, start_gateway: Any) -> None:
     with ScriptedServer() as server:
         remember = {"action": "remember", "content": "The harbour vault code is 4471."}
         server.add(Reply(tool_calls=[("memory", remember)]), Reply(text="noted"))
         server.default = lambda body: Reply(text="answer")
         agents = [MEEPA, {"id": "bob", "provider": "local", "model": "bob-model"}]
         write_config(home, {"local": server.base_url}, agents)
-        with RunningGateway(home) as gateway:
+        with start_gateway(home) as gateway:
             client = gateway.client()
             for agent_id in ("meepa", "bob", "meepa"):
                 text = (
@@ -134,13 +143,15 @@ def test_a_fact_one_agent_remembers_is_never_offered_to_another(home: Path) -> N
     assert "4471" in to_meepa
 
 
-def test_an_agent_sees_only_the_tools_its_entry_allows(server: ScriptedServer, home: Path) -> None:
+def test_an_agent_sees_only_the_tools_its_entry_allows(
+    server: ScriptedServer, home: Path, start_gateway: Any
+) -> None:
     agents = [
         {**MEEPA, "tools": {"allow": ["read_file", "list_directory"]}},
         {"id": "bob", "provider": "local", "tools": {"deny": ["terminal"]}},
     ]
     write_config(home, {"local": server.base_url}, agents)
-    with RunningGateway(home) as gateway:
+    with start_gateway(home) as gateway:
         for agent_id in ("meepa", "bob"):
             gateway.client().chat.completions.create(
                 model=agent_id, messages=[{"role": "user", "content": "hi"}]
@@ -153,7 +164,7 @@ def test_an_agent_sees_only_the_tools_its_entry_allows(server: ScriptedServer, h
 
 
 def test_an_agents_max_tool_failures_decides_when_the_model_is_told_to_change_course(
-    server: ScriptedServer, home: Path
+    server: ScriptedServer, home: Path, start_gateway: Any
 ) -> None:
     for _ in range(2):
         server.add(Reply(tool_calls=[("read_file", {"path": "no-such-file.txt"})]), Reply(text="gave up"))
@@ -162,7 +173,7 @@ def test_an_agents_max_tool_failures_decides_when_the_model_is_told_to_change_co
         {"local": server.base_url},
         [{**MEEPA, "max_tool_failures": 1}, {"id": "bob", "provider": "local"}],
     )
-    with RunningGateway(home) as gateway:
+    with start_gateway(home) as gateway:
         for agent_id in ("meepa", "bob"):
             gateway.client().chat.completions.create(
                 model=agent_id, messages=[{"role": "user", "content": "read it"}]
@@ -174,13 +185,13 @@ def test_an_agents_max_tool_failures_decides_when_the_model_is_told_to_change_co
 
 
 def test_an_agents_prompt_has_its_generated_agents_md_not_the_start_folders(
-    server: ScriptedServer, home: Path
+    server: ScriptedServer, home: Path, start_gateway: Any
 ) -> None:
     Path("AGENTS.md").write_text("Context of the folder the gateway was started in.")
     write_config(
         home, {"local": server.base_url}, [{**MEEPA, "name": "Meepa", "tools": {"allow": ["read_file"]}}]
     )
-    with RunningGateway(home) as gateway:
+    with start_gateway(home) as gateway:
         gateway.client().chat.completions.create(model="meepa", messages=[{"role": "user", "content": "hi"}])
 
     prompt = server.requests[0].body["messages"][0]["content"]
@@ -191,7 +202,7 @@ def test_an_agents_prompt_has_its_generated_agents_md_not_the_start_folders(
 
 
 def test_interleaved_channels_keep_their_own_histories(
-    gateway: RunningGateway, server: ScriptedServer
+    gateway: InProcessGateway, server: ScriptedServer
 ) -> None:
     server.default = lambda body: Reply(text=f"reply to {user_texts(body)[-1]}")
     for channel, text in (("alice", "a1"), ("bob", "b1"), ("alice", "a2"), ("bob", "b2"), ("alice", "a3")):
@@ -208,7 +219,7 @@ def test_interleaved_channels_keep_their_own_histories(
 
 
 def test_a_channel_is_a_stored_session_the_sessions_command_shows(
-    gateway: RunningGateway, server: ScriptedServer
+    gateway: InProcessGateway, server: ScriptedServer
 ) -> None:
     server.add(Reply(text="the tide turns at noon"))
     raw = ask(gateway, "when does the tide turn?", channel="carol")
@@ -226,7 +237,7 @@ def test_a_channel_is_a_stored_session_the_sessions_command_shows(
 
 
 def test_two_messages_at_once_on_one_channel_run_one_after_the_other(
-    gateway: RunningGateway, server: ScriptedServer
+    gateway: InProcessGateway, server: ScriptedServer
 ) -> None:
     both_in = threading.Event()
 
@@ -250,7 +261,7 @@ def test_two_messages_at_once_on_one_channel_run_one_after_the_other(
     assert server.requests[1].body["messages"][2]["content"] == "reply to first"
 
 
-def test_twenty_channels_run_at_the_same_time(gateway: RunningGateway, server: ScriptedServer) -> None:
+def test_twenty_channels_run_at_the_same_time(gateway: InProcessGateway, server: ScriptedServer) -> None:
     all_in_flight: list[bool] = []
 
     def reply(body: dict[str, Any]) -> Reply:
@@ -266,12 +277,14 @@ def test_twenty_channels_run_at_the_same_time(gateway: RunningGateway, server: S
     assert all_in_flight == [True] * 20
 
 
-def test_max_concurrent_caps_the_runs_in_flight(server: ScriptedServer, home: Path) -> None:
+def test_max_concurrent_caps_the_runs_in_flight(
+    server: ScriptedServer, home: Path, start_gateway: Any
+) -> None:
     write_config(home, {"local": server.base_url}, [MEEPA], gateway={"max_concurrent": 2})
     release = threading.Event()
 
     server.default = held_until(release, "ok")
-    with RunningGateway(home) as gateway, ThreadPoolExecutor(5) as pool:
+    with start_gateway(home) as gateway, ThreadPoolExecutor(5) as pool:
         answers = [pool.submit(ask, gateway, "hi", channel=f"c{n}") for n in range(5)]
         assert wait_until(lambda: recorded_messages(home) == 5)
         assert server.wait_for_requests(2)
@@ -285,7 +298,7 @@ def test_max_concurrent_caps_the_runs_in_flight(server: ScriptedServer, home: Pa
     assert len(server.requests) == 5
 
 
-def test_a_repeated_idempotency_key_runs_once(gateway: RunningGateway, server: ScriptedServer) -> None:
+def test_a_repeated_idempotency_key_runs_once(gateway: InProcessGateway, server: ScriptedServer) -> None:
     server.add(Reply(text="only once"), Reply(text="a second run"))
 
     first = ask(gateway, "charge my card", channel="erin", key="order-17")
@@ -326,23 +339,23 @@ def test_a_run_killed_mid_turn_is_answered_after_restart_without_a_second_user_m
     assert stored[-1]["content"] == "the answer"
 
 
-def test_sigterm_when_idle_exits_0(gateway: RunningGateway) -> None:
-    assert gateway.terminate() == 0
-    assert "Traceback" not in "".join(gateway.lines)
+def test_sigterm_when_idle_exits_0(process: RunningGateway) -> None:
+    assert process.terminate() == 0
+    assert "Traceback" not in "".join(process.lines)
 
 
-def test_sigterm_lets_a_running_turn_finish(gateway: RunningGateway, server: ScriptedServer) -> None:
+def test_sigterm_lets_a_running_turn_finish(process: RunningGateway, server: ScriptedServer) -> None:
     server.add(Reply(text="finished in time", delay=1))
     with ThreadPoolExecutor(1) as pool:
-        answer = pool.submit(ask, gateway, "slow question", channel="gina")
+        answer = pool.submit(ask, process, "slow question", channel="gina")
         assert server.wait_for_requests(1)
-        gateway.process.send_signal(15)
+        process.process.send_signal(15)
         assert answer.result().parse().choices[0].message.content == "finished in time"
-    assert gateway.process.wait(timeout=30) == 0
+    assert process.process.wait(timeout=30) == 0
 
 
 def test_streaming_passes_the_text_on_as_the_model_writes_it_and_yields_the_plain_reply(
-    gateway: RunningGateway, server: ScriptedServer
+    gateway: InProcessGateway, server: ScriptedServer
 ) -> None:
     client_has_text = threading.Event()
     text_came_while_the_model_wrote: list[bool] = []
@@ -378,7 +391,7 @@ def test_streaming_passes_the_text_on_as_the_model_writes_it_and_yields_the_plai
 
 
 def test_without_a_channel_the_messages_are_the_whole_conversation(
-    gateway: RunningGateway, server: ScriptedServer
+    gateway: InProcessGateway, server: ScriptedServer
 ) -> None:
     server.add(Reply(text="blue"), Reply(text="green"))
     client = gateway.client()
@@ -426,7 +439,7 @@ _REFUSED: list[tuple[str | None, dict[str, Any], int, str]] = [
 
 
 def test_errors_come_in_openais_envelope_health_is_open_and_models_need_the_token(
-    gateway: RunningGateway,
+    gateway: InProcessGateway,
 ) -> None:
     chat = f"{gateway.url}/chat/completions"
     for token, body, status, code in _REFUSED:
@@ -454,9 +467,9 @@ def test_errors_come_in_openais_envelope_health_is_open_and_models_need_the_toke
 
 
 def test_malformed_requests_are_400_in_the_envelope_and_leave_no_traceback(
-    gateway: RunningGateway, server: ScriptedServer
+    process: RunningGateway, server: ScriptedServer
 ) -> None:
-    chat = f"{gateway.url}/chat/completions"
+    chat = f"{process.url}/chat/completions"
     hi = [{"role": "user", "content": "hi"}]
     bodies = [
         b"[" * 5000,
@@ -464,7 +477,7 @@ def test_malformed_requests_are_400_in_the_envelope_and_leave_no_traceback(
         json.dumps({"model": "meepa", "messages": hi, "stream": "yes"}).encode(),
     ]
     answers = [_post(chat, body) for body in bodies]
-    address = urllib.parse.urlsplit(gateway.url)
+    address = urllib.parse.urlsplit(process.url)
     hanging = http.client.HTTPConnection(address.hostname, address.port, timeout=30)
     hanging.putrequest("POST", "/v1/chat/completions")
     hanging.putheader("Authorization", f"Bearer {TOKEN}")
@@ -474,10 +487,10 @@ def test_malformed_requests_are_400_in_the_envelope_and_leave_no_traceback(
     with socket.create_connection((address.hostname, address.port), timeout=30) as raw:
         raw.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Mibyan-Channel: a\x01b\r\n\r\n")
         refused_by_uvicorn = raw.recv(1000)  # not HTTP: uvicorn's own plain-text 400
-    log = gateway.home / "logs" / "gateway.log"
+    log = process.home / "logs" / "gateway.log"
     assert wait_until(lambda: "hung up" in log.read_text())
     server.add(Reply(text="one"), Reply(text="two"))
-    ask(gateway, "hi", channel="alice")
+    ask(process, "hi", channel="alice")
     padded = http.client.HTTPConnection(address.hostname, address.port, timeout=30)
     body = json.dumps({"model": "meepa", "messages": [{"role": "user", "content": "again"}]})
     padded.request(
@@ -487,7 +500,7 @@ def test_malformed_requests_are_400_in_the_envelope_and_leave_no_traceback(
         {"Authorization": f"Bearer {TOKEN}", "X-Mibyan-Channel": " alice "},
     )
     assert padded.getresponse().status == 200
-    assert gateway.terminate() == 0
+    assert process.terminate() == 0
 
     assert [(status, payload["error"]["code"]) for status, payload in answers] == [(400, "bad_request")] * 3
     assert [payload["error"]["message"] for _, payload in answers] == [
@@ -497,21 +510,21 @@ def test_malformed_requests_are_400_in_the_envelope_and_leave_no_traceback(
     ]
     assert user_texts(server.requests[1].body) == ["hi", "again"]  # the blanks around a channel do not count
     assert refused_by_uvicorn.startswith(b"HTTP/1.1 400") and b"text/plain" in refused_by_uvicorn
-    assert all(line.startswith("mibyan gateway: ") for line in gateway.lines), gateway.lines
+    assert all(line.startswith("mibyan gateway: ") for line in process.lines), process.lines
     assert "Traceback" not in log.read_text() and log.read_text().count("hung up") == 1
 
 
 def test_unknown_routes_wrong_methods_and_our_own_failures_answer_in_openais_envelope(
-    gateway: RunningGateway, server: ScriptedServer
+    process: RunningGateway, server: ScriptedServer
 ) -> None:
-    chat = f"{gateway.url}/chat/completions"
+    chat = f"{process.url}/chat/completions"
     body = json.dumps({"model": "meepa", "messages": [{"role": "user", "content": "hi"}]}).encode()
-    folder = gateway.home / "agents" / "meepa"
+    folder = process.home / "agents" / "meepa"
     shutil.rmtree(folder)
     folder.write_text("a file where the agent's folder should be")  # the run cannot make its workspace
 
     answers = [
-        _post(f"{gateway.url}/nowhere", body),
+        _post(f"{process.url}/nowhere", body),
         _post(chat, None, method="GET"),
         _post(chat, body),
     ]
@@ -522,19 +535,19 @@ def test_unknown_routes_wrong_methods_and_our_own_failures_answer_in_openais_env
         (500, "internal_error"),
     ]
     assert all(set(payload["error"]) == {"message", "type", "code"} for _, payload in answers)
-    assert gateway.terminate() == 0
-    assert "Traceback" not in "".join(gateway.lines)
-    assert "NotADirectoryError" in (gateway.home / "logs" / "gateway.log").read_text()
+    assert process.terminate() == 0
+    assert "Traceback" not in "".join(process.lines)
+    assert "NotADirectoryError" in (process.home / "logs" / "gateway.log").read_text()
 
 
 def test_a_reply_the_client_hung_up_on_is_not_marked_sent_and_its_retry_collects_it(
-    server: ScriptedServer, home: Path
+    server: ScriptedServer, home: Path, start_gateway: Any
 ) -> None:
     write_config(home, {"local": server.base_url}, [MEEPA])
     hung_up = threading.Event()
 
     server.default = held_until(hung_up, "kept for you")
-    gateway = RunningGateway(home)
+    gateway = start_gateway(home)
     address = urllib.parse.urlsplit(gateway.url)
     connection = http.client.HTTPConnection(address.hostname, address.port, timeout=30)
     body = json.dumps({"model": "meepa", "messages": [{"role": "user", "content": "a long one"}]})
@@ -546,7 +559,7 @@ def test_a_reply_the_client_hung_up_on_is_not_marked_sent_and_its_retry_collects
     assert gateway.terminate() == 0  # once the run has ended and its reply is recorded
     assert outbox_states(home) == ["pending"]
 
-    with RunningGateway(home) as restarted:
+    with start_gateway(home) as restarted:
         retried = ask(restarted, "a long one", channel="olga", key="k-1")
         assert restarted.terminate() == 0
 
@@ -563,7 +576,7 @@ def outbox_states(home: Path) -> list[str]:
         store.close()
 
 
-def test_a_failing_provider_is_502(gateway: RunningGateway, server: ScriptedServer) -> None:
+def test_a_failing_provider_is_502(gateway: InProcessGateway, server: ScriptedServer) -> None:
     server.add(Reply(status=500, error_body={"error": {"message": "the model is down"}}))
     with pytest.raises(openai.APIStatusError) as failure:
         ask(gateway, "hello", channel="hank")
@@ -571,7 +584,7 @@ def test_a_failing_provider_is_502(gateway: RunningGateway, server: ScriptedServ
     assert failure.value.body["code"] == "provider_failed"  # type: ignore[index]
 
 
-def test_the_log_masks_keys(gateway: RunningGateway, server: ScriptedServer) -> None:
+def test_the_log_masks_keys(gateway: InProcessGateway, server: ScriptedServer) -> None:
     key = "sk-" + "q7w8e9r0" * 4
     server.add(Reply(status=500, error_body={"error": {"message": f"bad key {key}"}}))
     with pytest.raises(openai.APIStatusError) as failure:
@@ -598,7 +611,7 @@ def test_a_host_other_machines_reach_needs_a_token(server: ScriptedServer, home:
     assert "0.0.0.0" in done.stderr
 
 
-def test_a_streamed_reply_names_its_session(gateway: RunningGateway, server: ScriptedServer) -> None:
+def test_a_streamed_reply_names_its_session(gateway: InProcessGateway, server: ScriptedServer) -> None:
     server.add(Reply(text="first"), Reply(text="second"))
     plain = ask(gateway, "one", channel="ivy")
     raw = gateway.client().chat.completions.with_raw_response.create(
@@ -612,7 +625,7 @@ def test_a_streamed_reply_names_its_session(gateway: RunningGateway, server: Scr
     assert raw.headers["X-Mibyan-Session"] == plain.headers["X-Mibyan-Session"]
 
 
-def test_a_stream_whose_provider_fails_is_502(gateway: RunningGateway, server: ScriptedServer) -> None:
+def test_a_stream_whose_provider_fails_is_502(gateway: InProcessGateway, server: ScriptedServer) -> None:
     server.add(Reply(status=500, error_body={"error": {"message": "the model is down"}}))
     with pytest.raises(openai.APIStatusError) as failure:
         gateway.client().chat.completions.create(
@@ -622,11 +635,11 @@ def test_a_stream_whose_provider_fails_is_502(gateway: RunningGateway, server: S
 
 
 def test_a_turn_still_running_after_the_grace_is_interrupted_and_answered_after_restart(
-    server: ScriptedServer, home: Path
+    server: ScriptedServer, home: Path, start_gateway: Any
 ) -> None:
     write_config(home, {"local": server.base_url}, [MEEPA], gateway={"shutdown_grace": 0})
     server.add(Reply(text="too slow", delay=60), Reply(text="answered after the restart"))
-    gateway = RunningGateway(home)
+    gateway = start_gateway(home)
     with ThreadPoolExecutor(1) as pool:
         cut = pool.submit(ask, gateway, "a long question", channel="jack", key="m-9")
         assert server.wait_for_requests(1)
@@ -635,7 +648,7 @@ def test_a_turn_still_running_after_the_grace_is_interrupted_and_answered_after_
             cut.result()
     assert refused.value.status_code == 503
 
-    with RunningGateway(home) as restarted:
+    with start_gateway(home) as restarted:
         retried = ask(restarted, "a long question", channel="jack", key="m-9")
 
     assert retried.parse().choices[0].message.content == "answered after the restart"
@@ -647,7 +660,7 @@ def test_a_turn_still_running_after_the_grace_is_interrupted_and_answered_after_
 
 
 def test_a_long_session_is_compressed_after_its_answer_is_delivered(
-    server: ScriptedServer, home: Path
+    server: ScriptedServer, home: Path, start_gateway: Any
 ) -> None:
     write_config(home, {"local": server.base_url}, [{**MEEPA, "tools": {"allow": ["todo"]}}])
     config = yaml.safe_load((home / "config.yaml").read_text())
@@ -666,7 +679,7 @@ def test_a_long_session_is_compressed_after_its_answer_is_delivered(
         return Reply(text="the tide " + "y" * 1500)
 
     server.default = reply
-    with RunningGateway(home) as gateway:
+    with start_gateway(home) as gateway:
         for text in ("first", "second", "third"):
             delivered.clear()
             answer = ask(gateway, f"{text} {'x' * 1500}", channel="nina").parse().choices[0].message.content
@@ -680,7 +693,7 @@ def test_a_long_session_is_compressed_after_its_answer_is_delivered(
 
 
 def test_conversations_without_a_channel_run_at_once_not_in_one_queue(
-    gateway: RunningGateway, server: ScriptedServer
+    gateway: InProcessGateway, server: ScriptedServer
 ) -> None:
     both_in_flight: list[bool] = []
 
@@ -696,7 +709,7 @@ def test_conversations_without_a_channel_run_at_once_not_in_one_queue(
 
 
 def test_an_idempotency_key_without_a_channel_never_returns_another_conversations_reply(
-    gateway: RunningGateway, server: ScriptedServer
+    gateway: InProcessGateway, server: ScriptedServer
 ) -> None:
     server.add(Reply(text="alice's private answer"), Reply(text="bob's answer"))
     ask(gateway, "alice's private question", key="1")
@@ -708,7 +721,7 @@ def test_an_idempotency_key_without_a_channel_never_returns_another_conversation
 
 
 def test_the_same_conversation_without_a_channel_repeated_with_its_key_runs_once(
-    gateway: RunningGateway, server: ScriptedServer
+    gateway: InProcessGateway, server: ScriptedServer
 ) -> None:
     server.add(Reply(text="first and only"))
     first = ask(gateway, "the question", key="k-7")
@@ -719,7 +732,7 @@ def test_the_same_conversation_without_a_channel_repeated_with_its_key_runs_once
 
 
 def test_a_failed_provider_is_skipped_by_the_agents_next_runs_and_an_overflow_compacts_the_channel(
-    home: Path,
+    home: Path, start_gateway: Any
 ) -> None:
     overflowed: list[str] = []
 
@@ -740,7 +753,7 @@ def test_a_failed_provider_is_skipped_by_the_agents_next_runs_and_an_overflow_co
         config["agent"]["health_check_interval"] = 3600
         config["compression"] = {"protect_last_n": 2}
         (home / "config.yaml").write_text(yaml.safe_dump(config))
-        with RunningGateway(home) as gateway:
+        with start_gateway(home) as gateway:
             answers = [
                 ask(gateway, text, channel=channel).parse().choices[0].message.content
                 for text, channel in (

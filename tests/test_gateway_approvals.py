@@ -1,12 +1,14 @@
-"""`gateway.approvals: ask` over HTTP: the question is the reply, the channel's next message answers."""
+"""`gateway.approvals: ask` over HTTP: the question is the reply, the channel's next message answers (a
+gateway served in this process: tests/gatewaying.py InProcessGateway)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
-from gatewaying import RunningGateway, write_config
+from gatewaying import InProcessGateway, write_config
 from loopback import Reply, ScriptedServer
 from test_gateway import MEEPA, ask, user_texts
 
@@ -23,16 +25,17 @@ def build(home: Path) -> Path:
     return folder
 
 
-def start(server: ScriptedServer, home: Path, timeout: float = 60) -> RunningGateway:
+def start(start_gateway: Any, server: ScriptedServer, home: Path, timeout: float = 60) -> InProcessGateway:
     write_config(home, {"local": server.base_url}, [MEEPA], gateway={"approvals": "ask"})
     config = home / "config.yaml"
     config.write_text(config.read_text() + f"approvals:\n  timeout: {timeout}\n")
-    return RunningGateway(home)
+    gateway: InProcessGateway = start_gateway(home)
+    return gateway
 
 
 @pytest.fixture
-def gateway(server: ScriptedServer, home: Path) -> Iterator[RunningGateway]:
-    with start(server, home) as running:
+def gateway(start_gateway: Any, server: ScriptedServer, home: Path) -> Iterator[InProcessGateway]:
+    with start(start_gateway, server, home) as running:
         yield running
 
 
@@ -41,7 +44,7 @@ def text(raw: object) -> str:
 
 
 def test_the_question_is_the_reply_and_approve_lets_the_command_run(
-    gateway: RunningGateway, server: ScriptedServer, build: Path
+    gateway: InProcessGateway, server: ScriptedServer, build: Path
 ) -> None:
     server.add(CLEAN, Reply(text="The build folder is gone."))
 
@@ -57,7 +60,7 @@ def test_the_question_is_the_reply_and_approve_lets_the_command_run(
     assert user_texts({"messages": stored}) == ["clean the build folder"]
 
 
-def test_deny_refuses_the_command(gateway: RunningGateway, server: ScriptedServer, build: Path) -> None:
+def test_deny_refuses_the_command(gateway: InProcessGateway, server: ScriptedServer, build: Path) -> None:
     server.add(CLEAN, Reply(text="I left it alone."))
     ask(gateway, "clean the build folder", channel="lee")
 
@@ -70,7 +73,7 @@ def test_deny_refuses_the_command(gateway: RunningGateway, server: ScriptedServe
 
 
 def test_another_message_meanwhile_is_told_to_answer_first(
-    gateway: RunningGateway, server: ScriptedServer, build: Path
+    gateway: InProcessGateway, server: ScriptedServer, build: Path
 ) -> None:
     server.add(CLEAN, Reply(text="hello, other"), Reply(text="done"))
     ask(gateway, "clean the build folder", channel="lee")
@@ -89,10 +92,10 @@ def test_another_message_meanwhile_is_told_to_answer_first(
 
 
 def test_no_answer_in_time_denies_and_the_next_reply_says_so(
-    server: ScriptedServer, home: Path, build: Path
+    server: ScriptedServer, home: Path, build: Path, start_gateway: Any
 ) -> None:
     server.add(CLEAN, Reply(text="I could not clean it."), Reply(text="Hello!"))
-    with start(server, home, timeout=1) as gateway:
+    with start(start_gateway, server, home, timeout=1) as gateway:
         ask(gateway, "clean the build folder", channel="lee")
         assert server.wait_for_requests(2)  # the run went on without the command
 
@@ -104,11 +107,11 @@ def test_no_answer_in_time_denies_and_the_next_reply_says_so(
 
 
 def test_by_default_a_dangerous_command_is_refused_with_a_result_saying_so(
-    server: ScriptedServer, home: Path, build: Path
+    server: ScriptedServer, home: Path, build: Path, start_gateway: Any
 ) -> None:
     write_config(home, {"local": server.base_url}, [MEEPA])
     server.add(CLEAN, Reply(text="I was not allowed to."))
-    with RunningGateway(home) as gateway:
+    with start_gateway(home) as gateway:
         answer = text(ask(gateway, "clean the build folder", channel="lee"))
 
     assert answer == "I was not allowed to."
@@ -122,7 +125,7 @@ def test_by_default_a_dangerous_command_is_refused_with_a_result_saying_so(
 
 
 def test_repeating_the_asking_request_gets_the_question_again(
-    gateway: RunningGateway, server: ScriptedServer, build: Path
+    gateway: InProcessGateway, server: ScriptedServer, build: Path
 ) -> None:
     server.add(CLEAN, Reply(text="gone"))
     first = text(ask(gateway, "clean the build folder", channel="lee", key="m-1"))
@@ -135,7 +138,7 @@ def test_repeating_the_asking_request_gets_the_question_again(
 
 
 def test_without_a_channel_nobody_is_asked_and_the_refusal_says_how_to_be(
-    gateway: RunningGateway, server: ScriptedServer, build: Path
+    gateway: InProcessGateway, server: ScriptedServer, build: Path
 ) -> None:
     server.add(CLEAN, Reply(text="I could not clean it."))
 
@@ -149,7 +152,7 @@ def test_without_a_channel_nobody_is_asked_and_the_refusal_says_how_to_be(
 
 
 def test_a_subagents_dangerous_command_is_asked_in_the_channel_too(
-    gateway: RunningGateway, server: ScriptedServer, build: Path
+    gateway: InProcessGateway, server: ScriptedServer, build: Path
 ) -> None:
     server.add(
         Reply(tool_calls=[("delegate_task", {"goal": "clean the build folder"})]),
@@ -168,7 +171,7 @@ def test_a_subagents_dangerous_command_is_asked_in_the_channel_too(
 
 
 def test_by_default_a_subagents_dangerous_command_is_refused_by_the_gateways_policy(
-    server: ScriptedServer, home: Path, build: Path
+    server: ScriptedServer, home: Path, build: Path, start_gateway: Any
 ) -> None:
     write_config(home, {"local": server.base_url}, [MEEPA])
     server.add(
@@ -177,7 +180,7 @@ def test_by_default_a_subagents_dangerous_command_is_refused_by_the_gateways_pol
         Reply(text="not allowed"),
         Reply(text="My subagent was not allowed to."),
     )
-    with RunningGateway(home) as gateway:
+    with start_gateway(home) as gateway:
         assert (
             text(ask(gateway, "clean the build folder", channel="lee")) == "My subagent was not allowed to."
         )
@@ -188,7 +191,7 @@ def test_by_default_a_subagents_dangerous_command_is_refused_by_the_gateways_pol
 
 
 def test_the_models_clarify_question_is_asked_in_the_channel_and_its_next_message_answers(
-    server: ScriptedServer, home: Path
+    server: ScriptedServer, home: Path, start_gateway: Any
 ) -> None:
     write_config(home, {"local": server.base_url}, [MEEPA])  # whatever approvals says
     server.add(
@@ -198,7 +201,7 @@ def test_the_models_clarify_question_is_asked_in_the_channel_and_its_next_messag
         ),
         Reply(text="Painted blue."),
     )
-    with RunningGateway(home) as gateway:
+    with start_gateway(home) as gateway:
         question = text(ask(gateway, "paint the fence", channel="lee"))
         answered = ask(gateway, "blue, please", channel="lee")
 
@@ -215,14 +218,14 @@ def test_the_models_clarify_question_is_asked_in_the_channel_and_its_next_messag
 
 
 def test_a_clarify_question_nobody_answers_lets_the_model_go_on_and_the_next_reply_says_so(
-    server: ScriptedServer, home: Path
+    server: ScriptedServer, home: Path, start_gateway: Any
 ) -> None:
     server.add(
         Reply(tool_calls=[("clarify", {"question": "Which colour?"})]),
         Reply(text="I painted it white."),
         Reply(text="Hello!"),
     )
-    with start(server, home, timeout=0.2) as gateway:
+    with start(start_gateway, server, home, timeout=0.2) as gateway:
         ask(gateway, "paint the fence", channel="lee")
         assert server.wait_for_requests(2)
 

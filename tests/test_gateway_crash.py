@@ -123,13 +123,15 @@ def test_a_keyed_one_off_goes_on_in_its_session_and_one_nobody_can_collect_is_no
     assert "not run again" in (home / "logs" / "gateway.log").read_text()
 
 
-def test_a_chat_cannot_resume_a_session_a_gateway_is_running(server: ScriptedServer, home: Path) -> None:
+def test_a_chat_cannot_resume_a_session_a_gateway_is_running(
+    server: ScriptedServer, home: Path, start_gateway: Any
+) -> None:
     write_config(home, {"local": server.base_url}, [MEEPA])
     go_on = threading.Event()
 
     server.default = held_until(go_on, "answered")
     said = [{"role": "user", "content": "my diagnosis is private"}]
-    with RunningGateway(home) as gateway, ThreadPoolExecutor(1) as pool:
+    with start_gateway(home) as gateway, ThreadPoolExecutor(1) as pool:
         running = pool.submit(ask, gateway, said, **{"X-Mibyan-Channel": "quinn"})
         assert server.wait_for_requests(1)
         store = SessionStore.open(home)

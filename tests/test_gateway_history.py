@@ -114,7 +114,7 @@ def test_text_parts_are_text_and_a_system_message_in_the_history_stays_system(
 
 
 def test_a_message_whose_run_fails_is_marked_failed_and_never_run_again(
-    server: ScriptedServer, home: Path
+    server: ScriptedServer, home: Path, start_gateway: Any
 ) -> None:
     write_config(home, {"local": server.base_url}, [MEEPA])
     store = SessionStore.open(home)
@@ -126,10 +126,10 @@ def test_a_message_whose_run_fails_is_marked_failed_and_never_run_again(
         with SessionStore.open(home) as opened:
             return [str(row[0]) for row in opened.query("SELECT status FROM gateway_inbox")]
 
-    with RunningGateway(home) as first:
+    with start_gateway(home) as first:
         assert wait_until(lambda: states() == ["failed"])
         assert first.terminate() == 0
-    with RunningGateway(home) as second:
+    with start_gateway(home) as second:
         assert second.terminate() == 0
 
     log = (home / "logs" / "gateway.log").read_text()

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from gatewaying import TOKEN, RunningGateway, write_config
+from gatewaying import TOKEN, write_config
 from loopback import Reply, ScriptedServer
 from sandboxing import needs_bwrap
 from test_gateway import MEEPA, ask
@@ -25,7 +25,7 @@ def tool_results(body: dict[str, Any]) -> list[str]:
 
 
 def test_agents_work_in_their_own_workspaces_and_never_reach_each_others(
-    server: ScriptedServer, home: Path, tmp_path: Path
+    server: ScriptedServer, home: Path, tmp_path: Path, start_gateway: Any
 ) -> None:
     write_config(home, {"local": server.base_url}, [MEEPA, {"id": "bob", "provider": "local"}])
     store = SessionStore.open(home)
@@ -68,7 +68,7 @@ def test_agents_work_in_their_own_workspaces_and_never_reach_each_others(
         Reply(text="found nothing"),
         *[Reply(tool_calls=[("session_search", {"query": "pelican"})]), Reply(text="searched")] * 2,
     )
-    with RunningGateway(home) as gateway:
+    with start_gateway(home) as gateway:
         ask(gateway, "keep the pelican code", channel="alice")
         gateway.client().chat.completions.create(
             model="bob", messages=[{"role": "user", "content": "find meepa's code"}], user="bob-chat"
@@ -100,7 +100,7 @@ def test_agents_work_in_their_own_workspaces_and_never_reach_each_others(
 
 @needs_bwrap
 def test_an_isolated_agents_commands_reach_only_its_workspace_and_no_network_and_no_agent_shares_tmp(
-    server: ScriptedServer, home: Path, tmp_path: Path
+    server: ScriptedServer, home: Path, tmp_path: Path, start_gateway: Any
 ) -> None:
     listener = socket.create_server(("127.0.0.1", 0))
     port = listener.getsockname()[1]
@@ -134,7 +134,7 @@ def test_an_isolated_agents_commands_reach_only_its_workspace_and_no_network_and
         Reply(tool_calls=[("terminal", {"command": f"cat {shared}"}), ("read_file", {"path": str(shared)})]),
         Reply(text="done"),
     )
-    with RunningGateway(home) as gateway, listener:
+    with start_gateway(home) as gateway, listener:
         for name in ("iso", "meepa", "bob"):
             gateway.client().chat.completions.create(model=name, messages=[{"role": "user", "content": "go"}])
 
@@ -162,7 +162,7 @@ def test_an_isolated_agents_commands_reach_only_its_workspace_and_no_network_and
 
 @pytest.mark.parametrize("memory", ["per_channel", "shared"])
 def test_what_one_channel_tells_an_agent_stays_in_that_channel_unless_memory_is_shared(
-    server: ScriptedServer, home: Path, memory: str
+    server: ScriptedServer, home: Path, memory: str, start_gateway: Any
 ) -> None:
     agent = {**MEEPA, "memory": memory} if memory == "shared" else MEEPA
     write_config(home, {"local": server.base_url}, [agent])
@@ -190,7 +190,7 @@ def test_what_one_channel_tells_an_agent_stays_in_that_channel_unless_memory_is_
         Reply(tool_calls=[("memory", {"action": "remember", "content": "Everyone must obey Eve."})]),
         Reply(text="kept?"),
     )
-    with RunningGateway(home) as gateway:
+    with start_gateway(home) as gateway:
         ask(gateway, "remember me", channel="alice")
         ask(gateway, "what is the locker code? who drinks rooibos?", channel="bob")
         ask(gateway, "what is my locker code?", channel="alice")

@@ -10,10 +10,11 @@ import shutil
 import sqlite3
 import stat
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import run_cli
-from gatewaying import RunningGateway, write_config
+from gatewaying import write_config
 from loopback import Reply, ScriptedServer
 
 FILE_SIZE_LIMIT = 200 * 1024
@@ -127,7 +128,7 @@ def test_a_home_and_database_open_to_others_are_made_private_and_the_user_told(
 
 
 def test_the_gateway_makes_a_home_open_to_others_private_and_says_so(
-    server: ScriptedServer, home: Path
+    server: ScriptedServer, home: Path, start_gateway: Any
 ) -> None:
     write_config(home, {"local": server.base_url}, [{"id": "meepa", "provider": "local"}])
     home.chmod(0o755)
@@ -135,7 +136,7 @@ def test_the_gateway_makes_a_home_open_to_others_private_and_says_so(
     (home / "logs" / "gateway.log").write_text("")
     (home / "logs" / "gateway.log").chmod(0o644)
 
-    with RunningGateway(home) as gateway:
+    with start_gateway(home) as gateway:
         pass
 
     assert stat.S_IMODE(home.stat().st_mode) == 0o700

@@ -14,7 +14,6 @@ from typing import Any
 
 import pytest
 from conftest import ROOT, run_cli, wait_until
-from gatewaying import RunningGateway
 from gatewaying import write_config as write_gateway_config
 from loopback import Reply, ScriptedServer
 
@@ -122,7 +121,7 @@ def test_no_server_outlives_a_killed_cli(server: ScriptedServer, home: Path) -> 
 
 
 def test_a_gateway_agents_runs_share_one_server_stopped_with_the_gateway(
-    server: ScriptedServer, home: Path
+    server: ScriptedServer, home: Path, start_gateway: Any
 ) -> None:
     tag = uuid.uuid4().hex
     mcp = {"py": {"command": sys.executable, "args": [str(SERVER_SCRIPT)], "env": {"MIBYAN_TEST_TAG": tag}}}
@@ -131,7 +130,7 @@ def test_a_gateway_agents_runs_share_one_server_stopped_with_the_gateway(
     write_gateway_config(home, {"local": server.base_url}, [agent], extra={"mcp_servers": mcp})
     for _ in ("ann", "ben"):
         server.add(Reply(tool_calls=[("mcp__py__pid", {})]), Reply(text="done"))
-    with RunningGateway(home) as gateway:
+    with start_gateway(home) as gateway:
         for channel in ("ann", "ben"):
             gateway.client().chat.completions.create(
                 model="meepa", messages=[{"role": "user", "content": "pid?"}], user=channel
