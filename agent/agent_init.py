@@ -27,10 +27,10 @@ from mibyan.core.errors import ConfigError
 if TYPE_CHECKING:
     from mibyan.agent.messages import Message
     from mibyan.agent.options import AgentOptions
-    from mibyan.agent.skills import SemanticMatcher
     from mibyan.tools.mcp_connections import McpConnections
     from mibyan.tools.mcp_tools import McpToolset
     from mibyan.tools.sandbox import Sandbox
+    from mibyan.tools.skills import SemanticMatcher
     from run_agent import AIAgent
 
 
@@ -257,7 +257,7 @@ def make_skill_matcher(settings: AgentSettings) -> SemanticMatcher | None:
     embedding = settings.skills.embedding
     if embedding is None:
         return None
-    from mibyan.agent.skills import SemanticMatcher
+    from mibyan.tools.skills import SemanticMatcher
 
     runtime = resolve_runtime(
         settings,

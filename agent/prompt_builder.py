@@ -17,7 +17,7 @@ from datetime import date
 from pathlib import Path
 
 from mibyan.agent.protocol import AgentBase
-from mibyan.agent.skills import SemanticMatcher, Skill, discover_skills, match_skills, skills_index
+from mibyan.tools.skills import SemanticMatcher, Skill, discover_skills, match_skills, skills_index
 
 DEFAULT_PERSONA = """You are mibyan, a capable software engineering agent working in the user's terminal.
 You help by reading and changing files and running tools. Be direct and accurate; say what you did."""

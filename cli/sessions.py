@@ -187,7 +187,7 @@ def run_skills(args: argparse.Namespace) -> int:
     """`mibyan skills list`."""
     from pathlib import Path
 
-    from mibyan.agent.skills import discover_skills
+    from mibyan.tools.skills import discover_skills
 
     skills = discover_skills(mibyan_home(), Path.cwd())
     if not skills:

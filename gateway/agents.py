@@ -321,7 +321,7 @@ class AgentInstance:
         It is generated at every start, so it always matches the configuration; the user's own words
         belong in SOUL.md, USER.md and MEMORY.md.
         """
-        from mibyan.agent.skills import discover_skills
+        from mibyan.tools.skills import discover_skills
         from model_tools import get_tool_definitions
 
         tools = self.entry.tools

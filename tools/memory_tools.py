@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from agent_state import SessionStore, mask_secrets
-from mibyan.agent.memory import MemoryStore
-from mibyan.agent.skills import discover_skills, skills_index
 from mibyan.core.errors import ToolError
 from mibyan.tools.context import RunContext
 from mibyan.tools.registry import tool
+from mibyan.tools.skills import discover_skills, skills_index
+
+if TYPE_CHECKING:
+    from mibyan.agent.memory import MemoryStore
 
 
 def apply_memory(
