@@ -113,6 +113,10 @@ def init_agent(agent: AIAgent, options: AgentOptions) -> None:
     agent._signal = InterruptSignal()
     agent._estimator = TokenEstimator()
     agent._window = context_window(settings, runtime, home_path)
+    if runtime.api_mode == "chat_completions" and runtime.base_url:
+        from mibyan.agent.window_discovery import is_llama_cpp
+
+        runtime.prompt_progress = is_llama_cpp(home_path, runtime.base_url)
     agent._context_engine = load_engine(settings, agent._window, agent._estimator, make_summarizer(agent))
     check_tool_selection(settings.tools.toolsets, allow=settings.tools.allow, deny=settings.tools.deny)
     agent.sandbox = options.sandbox or make_sandbox(

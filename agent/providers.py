@@ -37,6 +37,9 @@ class ProviderRuntime:
     base_url: str
     api_key: str
     fallback_index: int = 0
+    # llama.cpp's server: streamed calls ask for its prompt progress (`return_progress`), whose chunks
+    # while it reads the prompt let it see a client that gave up and free the slot (else it reads on)
+    prompt_progress: bool = False
 
 
 def resolve_api_mode(explicit: str | None, provider_mode: str | None, base_url: str | None) -> str:

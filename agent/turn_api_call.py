@@ -45,6 +45,18 @@ class ApiCallMixin(AgentBase):
         if self.provider.client is client:
             self.provider.client = None
 
+    def _learn_server(self, transport: AbortableTransport) -> None:
+        """A server that says it is llama.cpp's is asked for its prompt progress from now on, in this run
+        and (kept in the home) the next ones: its first call told us, whatever the model's name."""
+        runtime = self.provider.runtime
+        if runtime.prompt_progress or runtime.api_mode != "chat_completions":
+            return
+        if "llama.cpp" in (transport.server or ""):
+            from mibyan.agent.window_discovery import remember_llama_cpp
+
+            runtime.prompt_progress = True
+            remember_llama_cpp(self.home, runtime.base_url)
+
     def _call_model_once(self, turn: TurnState, request: PreparedRequest) -> NormalizedResponse:
         """One call to the model. Raises TurnInterrupted, ProviderError or the SDK's own errors."""
         agent = self.settings.agent
@@ -58,6 +70,7 @@ class ApiCallMixin(AgentBase):
                 max_tokens=agent.max_tokens,
                 temperature=agent.temperature,
                 allow_tool_calls=request.allow_tool_calls,
+                prompt_progress=self.provider.runtime.prompt_progress,
             )
         )
         body = apply_prompt_caching(body, self.provider.runtime.api_mode)
@@ -93,6 +106,7 @@ class ApiCallMixin(AgentBase):
         elif response.reasoning:
             # A stream shows reasoning as it arrives; a plain reply shows the whole of it at once.
             relay.on_reasoning(response.reasoning)
+        self._learn_server(client[1])
         response = with_text_tool_calls(response, request)
         turn.api_calls += 1
         turn.usage.add(response.usage)

@@ -5,6 +5,9 @@ context the model takes: vLLM `max_model_len`, llama.cpp `meta.n_ctx` / `meta.n_
 `max_context_length`, OpenRouter `context_length`. The answer is asked once per base URL and model,
 ever: it is kept in `$MIBYAN_HOME/cache/context_windows.json` (0600), a server that does not say
 included, so only the very first run against a new model waits for the listing (2 s at most).
+The same listing tells whether the server is llama.cpp's (its models are `owned_by: llamacpp`; so does
+the `Server` header of its answers), which is kept beside it (`<base_url>|server`): a streamed call to it
+asks for its prompt progress.
 """
 
 from __future__ import annotations
@@ -40,8 +43,18 @@ def window_in_listing(listing: Any, model: str) -> int | None:
     return None
 
 
+def server_in_listing(listing: Any) -> str | None:
+    """Which server a `/models` listing comes from, where it says: "llama.cpp", else None."""
+    entries = listing.get("data") if isinstance(listing, dict) else listing
+    if not isinstance(entries, list):
+        return None
+    owners = {e.get("owned_by") for e in entries if isinstance(e, dict)}
+    return "llama.cpp" if "llamacpp" in owners else None
+
+
 class WindowCache:
-    """What servers said about their models' windows, by `base_url|model`; None when they said nothing."""
+    """What servers said about their models' windows, by `base_url|model` (None when they said nothing),
+    and which servers they are, by `base_url|server`."""
 
     def __init__(self, home: Path) -> None:
         self.path = home / "cache" / "context_windows.json"
@@ -49,15 +62,20 @@ class WindowCache:
             loaded = json.loads(self.path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             loaded = {}
-        self._answers: dict[str, int | None] = loaded if isinstance(loaded, dict) else {}
+        self._answers: dict[str, int | str | None] = loaded if isinstance(loaded, dict) else {}
 
     def known(self, key: str) -> bool:
         return key in self._answers
 
     def get(self, key: str) -> int | None:
-        return self._answers.get(key)
+        value = self._answers.get(key)
+        return value if isinstance(value, int) else None
 
-    def remember(self, key: str, window: int | None) -> None:
+    def server(self, base_url: str) -> str | None:
+        value = self._answers.get(f"{base_url}|server")
+        return value if isinstance(value, str) else None
+
+    def remember(self, key: str, window: int | str | None) -> None:
         self._answers[key] = window
         data = json.dumps(self._answers, indent=1, sort_keys=True)
         try:
@@ -86,8 +104,24 @@ def discover_window(home: Path, *, base_url: str, model: str, api_key: str) -> i
     window = None
     if response.status_code == 200:
         try:
-            window = window_in_listing(response.json(), model)
+            listing = response.json()
         except ValueError:
-            window = None
+            listing = None
+        window = window_in_listing(listing, model)
+        server = server_in_listing(listing)
+        if server is not None:
+            cache.remember(f"{base_url}|server", server)
     cache.remember(key, window)
     return window
+
+
+def remember_llama_cpp(home: Path, base_url: str) -> None:
+    """The server at `base_url` said it is llama.cpp's (its `Server` header): kept for the next runs."""
+    cache = WindowCache(home)
+    if cache.server(base_url) != "llama.cpp":
+        cache.remember(f"{base_url}|server", "llama.cpp")
+
+
+def is_llama_cpp(home: Path, base_url: str) -> bool:
+    """Whether the server at `base_url` said, when its models were listed, that it is llama.cpp's."""
+    return WindowCache(home).server(base_url) == "llama.cpp"

@@ -97,7 +97,7 @@ class LlamaServer:
         self.port = _free_port()
         self.log = log
         argv = [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(self.port)]
-        argv += ["-t", str(threads)]
+        argv += ["-t", str(threads), "-np", "1", "-b", "512"]  # as the README starts it
         self._process = subprocess.Popen(argv, stdout=log.open("w"), stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 120
         while not self._healthy():

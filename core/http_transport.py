@@ -32,7 +32,8 @@ def shared_ssl_context() -> ssl.SSLContext:
 class AbortableTransport(httpx2.BaseTransport):
     """The default httpx2 transport (or `inner`), plus `abort()`: shut down every connection it opened.
 
-    After `abort()` it refuses new requests, for good.
+    After `abort()` it refuses new requests, for good. `server` is what the last response said it came
+    from (its `Server` header: llama.cpp's says "llama.cpp").
     """
 
     def __init__(self, inner: httpx2.BaseTransport | None = None, **kwargs: Any) -> None:
@@ -42,6 +43,7 @@ class AbortableTransport(httpx2.BaseTransport):
         self._sockets: weakref.WeakSet[socket.socket] = weakref.WeakSet()
         self._lock = threading.Lock()
         self._aborted = False
+        self.server: str | None = None
 
     def _trace(self, event: str, info: dict[str, Any]) -> None:
         if event == "connection.connect_tcp.complete":
@@ -58,7 +60,9 @@ class AbortableTransport(httpx2.BaseTransport):
         if self._aborted:
             raise httpx2.ConnectError("the call was abandoned", request=request)
         request.extensions = {**request.extensions, "trace": self._trace}
-        return self._inner.handle_request(request)
+        response = self._inner.handle_request(request)
+        self.server = response.headers.get("server")
+        return response
 
     def abort(self) -> None:
         """Cut every open connection now; blocked reads fail at once and the server sees the hang-up."""

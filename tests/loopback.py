@@ -37,6 +37,8 @@ class Reply:
         after_event: called with each stream event once it is sent (to hold the stream at a point).
         stall: seconds a stream pauses after its second event, in Chat Completions its first piece of
             text (a client hang-up ends the pause).
+        progress: prompt-progress chunks streamed first when the request asks for them
+            (`return_progress`, as llama.cpp's server does while it reads the prompt).
     """
 
     text: str | None = None
@@ -53,6 +55,7 @@ class Reply:
     raw_arguments: list[str] | None = None
     after_event: Callable[[str], None] | None = None
     stall: float = 0.0
+    progress: int = 0
 
 
 def held_until(release: threading.Event, text: str) -> Callable[[dict[str, Any]], Reply]:
@@ -230,6 +233,8 @@ class ScriptedServer:
                 self.send_response(200)
                 self.send_header("Content-Type", "text/event-stream")
                 self.send_header("Transfer-Encoding", "chunked")
+                for key, value in reply.headers.items():
+                    self.send_header(key, value)
                 self.end_headers()
                 try:
                     for number, event in enumerate(wire.events(reply, body)):
@@ -333,7 +338,24 @@ class ChatWire:
                 }
             )
 
-        events = [chunk({"role": "assistant", "content": ""})]
+        events = []
+        if body.get("return_progress"):  # llama.cpp's: no choices, the prompt's progress instead
+            total = 3000
+            for step in range(reply.progress):
+                done = total * (step + 1) // reply.progress
+                progress = {"total": total, "cache": 0, "processed": done, "time_ms": 10 * step}
+                events.append(
+                    _sse(
+                        {
+                            "id": "chatcmpl-1",
+                            "object": "chat.completion.chunk",
+                            "choices": [],
+                            "model": "scripted",
+                            "prompt_progress": progress,
+                        }
+                    )
+                )
+        events.append(chunk({"role": "assistant", "content": ""}))
         if reply.reasoning:
             events.append(chunk({"reasoning_content": reply.reasoning}))
         if reply.text:

@@ -85,3 +85,33 @@ def test_a_configured_window_wins_over_the_server(server: ScriptedServer, make_a
     server.add(Reply(text="hi"))
     make_agent(model=LOCAL_MODEL).chat("hi")
     assert server.model_listings == 0
+
+
+@pytest.mark.parametrize(("owner", "asked"), [("llamacpp", True), ("vllm", False)])
+def test_a_llama_cpp_server_is_asked_for_its_prompt_progress(
+    server: ScriptedServer, make_agent, owner: str, asked: bool
+) -> None:
+    # llama.cpp reads a prompt in batches and sees a client that gave up only when it writes to it: its
+    # progress chunks let a stopped call free the server's slot at once instead of after the whole prompt
+    server.models = [{**LISTINGS["llama.cpp"], "owned_by": owner}]
+    server.default = lambda _body: Reply(text="answered", progress=4)
+    for _ in range(2):  # the second agent knows it from the home's cache: no listing asked again
+        result = make_agent(model=LOCAL_MODEL).run_conversation("hi")
+        assert result["final_response"] == "answered"
+
+    assert server.model_listings == 1
+    assert [seen.body.get("return_progress", False) for seen in server.requests] == [asked, asked]
+
+
+def test_a_server_whose_answers_say_llama_cpp_is_asked_for_progress_from_then_on(
+    server: ScriptedServer, make_agent
+) -> None:
+    # a known model's name (no listing is asked): its first answer's `Server` header tells; the home keeps it
+    server.default = lambda _body: Reply(text="answered", headers={"Server": "llama.cpp"}, progress=2)
+    agent = make_agent(model="gpt-4o-mini")
+    agent.chat("one")
+    agent.chat("two")
+    make_agent(model="gpt-4o-mini").chat("three")
+
+    assert server.model_listings == 0
+    assert [seen.body.get("return_progress", False) for seen in server.requests] == [False, True, True]

@@ -141,6 +141,7 @@ class WireRequest:
     max_tokens: int | None = None
     temperature: float | None = None
     allow_tool_calls: bool = True
+    prompt_progress: bool = False  # ask a llama.cpp server for progress chunks while it reads the prompt
 
 
 class StreamAssembler(Protocol):

@@ -184,6 +184,8 @@ class ChatCompletionsAdapter(WireAdapter):
                 body["tool_choice"] = "none"
         if request.stream:
             body["stream_options"] = {"include_usage": True}
+            if request.prompt_progress:
+                body["return_progress"] = True
         if request.max_tokens is not None:
             body["max_tokens"] = request.max_tokens
         if request.temperature is not None:
