@@ -80,8 +80,9 @@ def start(
     *,
     allow: list[str] | None = None,
     gateway: dict[str, Any] | None = None,
+    approval_timeout: float | None = None,
 ) -> RunningGateway:
-    connector = {
+    connector: dict[str, Any] = {
         "name": "mail",
         "kind": "email",
         "address": bot,
@@ -90,6 +91,8 @@ def start(
         "password_env": "MIBYAN_MAIL_PASSWORD",
         "allow": allow or ["alice@localhost"],
     }
+    if approval_timeout is not None:
+        connector["approval_timeout"] = approval_timeout
     write_config(home, {"local": server.base_url}, [MEEPA], connectors=[connector], gateway=gateway)
     return restart(home)
 
@@ -228,3 +231,19 @@ def test_approve_as_the_first_line_of_a_reply_runs_the_command(
     saved = list((home / "agents" / "meepa" / "workspace" / "inbox").glob("*-notes.txt"))
     assert [path.read_bytes() for path in saved] == [b"remove it all"]
     assert "inbox/" in user_texts(server.requests[0].body)[0]
+
+
+def test_an_unanswered_question_times_out_after_the_connectors_approval_timeout(
+    home: Path, server: ScriptedServer, dovecot: Dovecot, relay: Relay, alice: MailUser
+) -> None:
+    bot = new_bot(dovecot)
+    server.add(Reply(tool_calls=[("terminal", {"command": "rm -rf build"})]), Reply(text="I left it."))
+    write = {"approvals": "ask"}
+    with start(home, server, dovecot, relay, bot, gateway=write, approval_timeout=1):
+        alice.send(bot, "Cleanup", "clean the build folder")
+        [question] = wait_replies(alice, bot, 1)
+        assert "rm -rf build" in text(question)
+        assert server.wait_for_requests(2)  # nobody answered: the run went on without the command
+        alice.send(bot, "Re: Cleanup", "what happened?", reply_to=question)
+        said = text(wait_replies(alice, bot, 2)[1])
+    assert said.startswith("Nobody approved `rm -rf build` within 1 s, so it did not run.")
