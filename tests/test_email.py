@@ -247,3 +247,26 @@ def test_an_unanswered_question_times_out_after_the_connectors_approval_timeout(
         alice.send(bot, "Re: Cleanup", "what happened?", reply_to=question)
         said = text(wait_replies(alice, bot, 2)[1])
     assert said.startswith("Nobody approved `rm -rf build` within 1 s, so it did not run.")
+
+
+def test_a_crash_between_sending_and_recording_it_sent_resends_the_same_mail_marked(
+    home: Path, server: ScriptedServer, dovecot: Dovecot, relay: Relay, alice: MailUser
+) -> None:
+    import sqlite3
+
+    bot = new_bot(dovecot)
+    with start(home, server, dovecot, relay, bot) as gateway:
+        alice.send(bot, "Hello", "hello")
+        [first] = wait_replies(alice, bot, 1)
+        gateway.kill()
+    # the state such a crash leaves: the reply recorded, its sending not
+    with sqlite3.connect(home / "state.db") as db:
+        assert db.execute("UPDATE gateway_outbox SET status = 'pending', sent_at = NULL").rowcount == 1
+    with restart(home):
+        again = wait_replies(alice, bot, 2)[1]
+        alice.send(bot, "Next", "next")
+        wait_replies(alice, bot, 3)
+    assert again["Message-ID"] == first["Message-ID"]  # the user's client sees the same mail
+    assert again["X-Mibyan-Possible-Repeat"] == "yes" and first["X-Mibyan-Possible-Repeat"] is None
+    assert text(again) == text(first) == "echo 1: hello"
+    assert len(server.requests) == 2  # the model ran once for "hello"
