@@ -270,3 +270,23 @@ def test_a_crash_between_sending_and_recording_it_sent_resends_the_same_mail_mar
     assert again["X-Mibyan-Possible-Repeat"] == "yes" and first["X-Mibyan-Possible-Repeat"] is None
     assert text(again) == text(first) == "echo 1: hello"
     assert len(server.requests) == 2  # the model ran once for "hello"
+
+
+def test_a_new_uidvalidity_answers_none_of_the_mailbox_again(
+    home: Path, server: ScriptedServer, dovecot: Dovecot, relay: Relay, alice: MailUser
+) -> None:
+    bot = new_bot(dovecot)
+    with start(home, server, dovecot, relay, bot) as gateway:
+        alice.send(bot, "First", "first")
+        wait_replies(alice, bot, 1)
+        gateway.terminate()
+    # the mailbox rebuilt (its UID list and indexes lost): Dovecot numbers it anew, a new UIDVALIDITY
+    maildir = dovecot.folder / "mail" / bot
+    for stale in [*maildir.glob("dovecot-uidlist"), *maildir.glob("dovecot.index*")]:
+        stale.unlink()
+    with restart(home):
+        alice.send(bot, "Second", "second")
+        got = wait_replies(alice, bot, 2)
+    assert [text(mail) for mail in got] == ["echo 1: first", "echo 1: second"]
+    assert len(server.requests) == 2
+    assert "UIDVALIDITY changed" in (home / "logs" / "gateway.log").read_text()
