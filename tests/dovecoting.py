@@ -131,8 +131,27 @@ service anvil {{
         address = f"{name}@{DOMAIN}"
         self.users[address] = password
         lines = "".join(f"{who}:{{PLAIN}}{secret}::::::\n" for who, secret in self.users.items())
-        (self.folder / "users").write_text(lines)
+        # whole or not at all (Dovecot may read it at any moment), then known once Dovecot logs it in
+        fresh = self.folder / "users.new"
+        fresh.write_text(lines)
+        if os.geteuid() == 0:
+            os.chown(fresh, self.user.pw_uid, self.user.pw_gid)
+        fresh.replace(self.folder / "users")
+        assert wait_until(lambda: self._logs_in(address, password)), f"Dovecot does not know {address}"
         return address
+
+    def _logs_in(self, address: str, password: str) -> bool:
+        try:
+            imap = imaplib.IMAP4("127.0.0.1", self.imap_port, timeout=30)
+        except OSError:
+            return False
+        try:
+            imap.login(address, password)
+            return True
+        except imaplib.IMAP4.error:
+            return False
+        finally:
+            imap.shutdown()
 
     def start(self) -> None:
         log = (self.folder / "dovecot.out").open("ab")
