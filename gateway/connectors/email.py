@@ -165,8 +165,13 @@ class EmailConnector:
         assert self.cursor is not None
         for uid in await self._imap(functools.partial(self.box.uids_after, self.cursor.last_uid)):
             raw = await self._imap(functools.partial(self.box.fetch, uid))
-            if raw is not None:
-                await self._mail(uid, raw)
+            try:
+                if raw is not None:
+                    await self._mail(uid, raw)
+            except (ShuttingDown, *GONE):
+                raise  # not admitted: the cursor stays before it
+            except Exception:  # a mail we cannot read must not stop the mailbox for every later one
+                log.exception("%s: mail UID %s could not be read; it is not answered", self.name, uid)
             self.cursor = Cursor(self.cursor.uidvalidity, uid)
             self.cursor_file.save(self.cursor)  # only now: the mail is in the ledger (or never to be)
             await self._imap(functools.partial(self.box.mark_seen, uid))
