@@ -53,15 +53,24 @@ class GatewayAgent(_Section):
     memory: Literal["per_channel", "shared"] = "per_channel"
 
 
+class MailServer(_Section):
+    """An email connector's IMAP or SMTP server; `none` (no TLS) only to a loopback host."""
+
+    host: str
+    port: int = Field(ge=1, le=65535)
+    tls: Literal["ssl", "starttls", "none"] = "ssl"
+
+
 class Connector(_Section):
     """One connector: where messages arrive, and the agent that owns them (every agent when omitted).
 
-    `host`, `port` and `token_env` are the http kind's; `homeserver` to `groups` the matrix kind's
-    (checked when the connector is made: `gateway/connectors/matrix_setup.py`).
+    `host`, `port` and `token_env` are the http kind's; `homeserver` to `groups` the matrix kind's;
+    `address` to `poll_seconds` the email kind's (checked when the connector is made:
+    `gateway/connectors/matrix_setup.py`).
     """
 
     name: str = Field(pattern=ID_PATTERN)
-    kind: Literal["http", "matrix"]
+    kind: Literal["http", "matrix", "email"]
     agent: str | None = None
     host: str = "127.0.0.1"
     port: int = Field(default=8642, ge=0, le=65535)
@@ -80,6 +89,13 @@ class Connector(_Section):
     access_token_env: str | None = None
     allow: list[str] | None = None
     groups: Literal["mention", "all", "ignore"] = "mention"
+    address: str | None = None
+    imap: MailServer | None = None
+    smtp: MailServer | None = None
+    username: str | None = None  # the IMAP and SMTP login (omitted: the address)
+    poll_seconds: float = Field(default=60, gt=0)  # an IMAP server without IDLE is asked this often
+    # seconds an approval question waits for its answer here (omitted: `approvals.timeout`; email: 1800)
+    approval_timeout: float | None = Field(default=None, gt=0)
 
 
 class GatewaySection(_Section):
@@ -87,7 +103,7 @@ class GatewaySection(_Section):
     approvals: Literal["deny", "ask"] = "deny"
     shutdown_grace: float = Field(default=30, ge=0)
     redeliver_within: float = Field(default=600, ge=0)
-    max_attachment_mb: float = Field(default=10, gt=0)  # a file a chat user sends, saved in inbox/
+    max_attachment_mb: float = Field(default=10, ge=0)  # a file a user sends larger than this is not kept
 
 
 def check_agents(agents: Sequence[GatewayAgent], providers: Collection[str] | None) -> None:

@@ -124,9 +124,12 @@ class ChannelApprovals:
         if self._pending.get(channel) is pending:
             del self._pending[channel]
 
-    def note_timeout(self, channel: str, pending: PendingApproval, answer: str) -> None:
-        """Event loop: the timed-out run has ended; the channel's next reply starts with what happened."""
-        self._notices[channel] = timed_out_text(pending, self.timeout, answer)
+    def note_timeout(
+        self, channel: str, pending: PendingApproval, answer: str, timeout: float | None = None
+    ) -> None:
+        """Event loop: the timed-out run has ended; the channel's next reply starts with what happened
+        (`timeout`: the channel's own, where its connector sets one)."""
+        self._notices[channel] = timed_out_text(pending, timeout or self.timeout, answer)
 
     def deny_all(self) -> None:
         """Any thread: the gateway is stopping; every waiting run is told no at once."""

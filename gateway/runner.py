@@ -55,6 +55,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("mibyan.gateway")
 _T = TypeVar("_T")
+EMAIL_APPROVAL_TIMEOUT = 1800.0  # seconds: email's default `connectors[].approval_timeout`
 _INTERRUPTED_WITHIN = 10.0  # seconds interrupted runs get to return their valid histories at a stop
 
 
@@ -199,11 +200,23 @@ class Gateway:
             return PendingApproval(job.entry.id, job.session_id, text, reason, said, kind, choices)
 
         return ChannelAsker(
-            self.approvals.timeout,
+            self.approval_timeout(job.entry.channel),
             new=new,
             post=lambda pending: loop.call_soon_threadsafe(self._post_question, job, pending),
             expire=lambda pending: loop.call_soon_threadsafe(self._expire_question, job, pending),
         )
+
+    def approval_timeout(self, channel: str) -> float:
+        """Seconds a question in `channel` waits: its connector's `approval_timeout`, else half an hour
+        for email (a mail is answered in its own time), else `approvals.timeout`."""
+        name = channel.split("/", 2)[1] if channel.count("/") >= 2 else ""
+        for connector in self.settings.connectors:
+            if connector.name == name:
+                if connector.approval_timeout is not None:
+                    return connector.approval_timeout
+                if connector.kind == "email":
+                    return EMAIL_APPROVAL_TIMEOUT
+        return self.approvals.timeout
 
     def _post_question(self, job: Job, pending: PendingApproval) -> None:
         """Event loop: the question is the reply to the asking message; the run's answer goes to whoever
@@ -223,7 +236,8 @@ class Gateway:
 
         def told(done: asyncio.Future[Outcome]) -> None:
             if not done.cancelled() and done.exception() is None:
-                approvals.note_timeout(job.entry.channel, pending, done.result().text)
+                timeout = self.approval_timeout(job.entry.channel)
+                approvals.note_timeout(job.entry.channel, pending, done.result().text, timeout)
 
         job.future.add_done_callback(told)
 

@@ -255,3 +255,44 @@ def test_a_matrix_homeserver_that_cannot_be_reached_at_start_is_one_line_and_exi
         "mibyan: connector 'team': cannot reach the homeserver http://127.0.0.1:9"
     )
     assert "Traceback" not in done.stderr
+
+
+EMAIL = {
+    "name": "mail",
+    "kind": "email",
+    "address": "meepa@localhost",
+    "imap": {"host": "127.0.0.1", "port": 9, "tls": "none"},
+    "smtp": {"host": "127.0.0.1", "port": 9, "tls": "none"},
+    "password_env": "MIBYAN_MAIL_PASSWORD",
+}
+
+
+def test_an_email_connector_needs_allow_its_password_and_tls_beyond_loopback(home: Path) -> None:
+    write_config(home, LOCAL, [MEEPA], connectors=[EMAIL])
+    done = check(home, MIBYAN_MAIL_PASSWORD="secret")
+    assert done.returncode == 2 and len(done.stderr.splitlines()) == 1
+    assert "set allow:" in done.stderr and "does not start" in done.stderr
+
+    allowed = {**EMAIL, "allow": ["alice@example.org", "@example.org"]}
+    write_config(home, LOCAL, [MEEPA], connectors=[allowed])
+    assert check(home, MIBYAN_MAIL_PASSWORD="secret").returncode == 0
+    missing = check(home, MIBYAN_MAIL_PASSWORD="")
+    assert missing.returncode == 2 and "MIBYAN_MAIL_PASSWORD is not set" in missing.stderr
+
+    clear = {**allowed, "smtp": {"host": "smtp.example.org", "port": 25, "tls": "none"}}
+    write_config(home, LOCAL, [MEEPA], connectors=[clear])
+    done = check(home, MIBYAN_MAIL_PASSWORD="secret")
+    assert done.returncode == 2 and len(done.stderr.splitlines()) == 1
+    assert "smtp.tls: none sends the password in clear: only to a loopback host" in done.stderr
+
+
+def test_an_imap_server_that_cannot_be_reached_at_start_is_one_line_and_exit_2(home: Path) -> None:
+    write_config(home, LOCAL, [MEEPA], connectors=[{**EMAIL, "allow": ["alice@example.org"]}])
+
+    done = run_cli("gateway", home=home, env={"MIBYAN_MAIL_PASSWORD": "secret"})
+
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.splitlines()[-1].startswith(
+        "mibyan: connector 'mail': cannot reach the IMAP server 127.0.0.1:9"
+    )
+    assert "Traceback" not in done.stderr

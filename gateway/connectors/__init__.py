@@ -31,4 +31,8 @@ def make_connector(settings: ConnectorSettings, gateway: Gateway) -> Connector:
             ) from exc
 
         return MatrixConnector(settings, gateway)
+    if settings.kind == "email":  # the standard library's imaplib and smtplib: no extra to install
+        from mibyan.gateway.connectors.email import EmailConnector
+
+        return EmailConnector(settings, gateway)
     raise AssertionError(f"connector kind {settings.kind!r} has no module")

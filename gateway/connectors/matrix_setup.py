@@ -18,3 +18,7 @@ def check_chat_connector(settings: ConnectorSettings, env: dict[str, str] | os._
                 f"connector '{settings.name}': the matrix kind needs mautrix: pip install 'mibyan[matrix]'"
             ) from exc
         check_matrix(settings, env)
+    if settings.kind == "email":
+        from mibyan.gateway.connectors.email_wire import check_email
+
+        check_email(settings, env)
