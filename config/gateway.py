@@ -89,6 +89,9 @@ class Connector(_Section):
     access_token_env: str | None = None
     allow: list[str] | None = None
     groups: Literal["mention", "all", "ignore"] = "mention"
+    # how a chat shows the tools a run uses: one status message edited in place (the default where the
+    # platform edits messages: matrix), a message each, or nothing (email: one reply per mail, always)
+    progress: Literal["edit", "messages", "off"] | None = None
     address: str | None = None
     imap: MailServer | None = None
     smtp: MailServer | None = None

@@ -44,6 +44,7 @@ from mibyan.gateway.work import (
     RunFailed,
     RunRequest,
     ShuttingDown,
+    ToolProgress,
     UnknownAgent,
     channel_key,
 )
@@ -141,7 +142,12 @@ class Gateway:
         return await self._ledger(lambda: self.ledger.undelivered(window))
 
     async def submit(
-        self, message: Inbound, *, on_delta: Delta | None = None, on_start: Delta | None = None
+        self,
+        message: Inbound,
+        *,
+        on_delta: Delta | None = None,
+        on_start: Delta | None = None,
+        on_tool: ToolProgress | None = None,
     ) -> Outcome:
         """Record, queue and run a message (or return the reply a repeat of it already got).
 
@@ -149,6 +155,7 @@ class Gateway:
             message: what arrived.
             on_delta: called (on a worker thread) with each piece of the answer's text, in order.
             on_start: called (on a worker thread) with the session id when the run begins.
+            on_tool: called (on a worker thread) before and after each tool call of the run.
         """
         if not self._accepting:
             raise ShuttingDown("the gateway is shutting down")
@@ -169,7 +176,7 @@ class Gateway:
                 return await asyncio.shield(self._waiting[entry.id])
         if pending is not None:
             return await self._answer(entry, key, message.text, pending)
-        return await asyncio.shield(self._enqueue(entry, request, instance, on_delta, on_start))
+        return await asyncio.shield(self._enqueue(entry, request, instance, on_delta, on_start, on_tool))
 
     async def _answer(self, entry: InboxEntry, key: str, text: str, pending: PendingApproval) -> Outcome:
         """A message on a channel whose run waits for approval: the answer, or a reminder to give one."""
@@ -245,7 +252,7 @@ class Gateway:
         """The connector has handed the reply over."""
         await self._ledger(lambda: self.ledger.mark_sent(inbox_id))
 
-    async def admit(self, message: Inbound) -> asyncio.Task[Outcome]:
+    async def admit(self, message: Inbound, *, on_tool: ToolProgress | None = None) -> asyncio.Task[Outcome]:
         """Record a chat message in the ledger, then queue it; returns once it is recorded.
 
         A chat connector advances its platform cursor only after this returns, so a crash loses no
@@ -257,7 +264,7 @@ class Gateway:
         pending = self.approvals.pending(key) if self.approvals is not None else None
         record = RunRequest(message.text, approval_answer=bool(pending)).as_record()
         await self._ledger(lambda: self.ledger.record_inbound(key, message.message_key, record))
-        return asyncio.create_task(self.submit(message))
+        return asyncio.create_task(self.submit(message, on_tool=on_tool))
 
     def interrupt(self, channel: str) -> bool:
         """Interrupt the run working on `channel` (in-chat /stop); False when none is."""
@@ -291,11 +298,12 @@ class Gateway:
         instance: AgentInstance,
         on_delta: Delta | None = None,
         on_start: Delta | None = None,
+        on_tool: ToolProgress | None = None,
     ) -> asyncio.Future[Outcome]:
         future = self._new_future()
         self._waiting[entry.id] = future
         queue = self._channels.setdefault(entry.channel, _ChannelQueue())
-        queue.jobs.append(Job(entry, request, instance, future, on_delta, on_start))
+        queue.jobs.append(Job(entry, request, instance, future, on_delta, on_start, on_tool))
         if queue.task is None:
             queue.task = asyncio.create_task(self._drain(entry.channel, queue))
         return future
@@ -350,6 +358,8 @@ class Gateway:
         else:
             session_id = entry.session_id or self.ledger.channel_session(entry.channel)
         callbacks = stream.callbacks()
+        if job.on_tool is not None:
+            callbacks["tool_progress_callback"] = job.on_tool
         # asking needs a channel to answer in: a one-off conversation can never send its /approve
         if not one_off:
             asker = self._asker(job)

@@ -20,6 +20,8 @@ if TYPE_CHECKING:
     from mibyan.gateway.agents import AgentInstance
 
 Delta = Callable[[str], None]
+#: `(phase, tool name, detail)` as AIAgent's tool_progress_callback gives it (on a worker thread).
+ToolProgress = Callable[[str, str, dict[str, Any]], None]
 
 
 class UnknownAgent(MibyanError):
@@ -117,6 +119,7 @@ class Job:
     future: asyncio.Future[Outcome]
     on_delta: Delta | None = None
     on_start: Delta | None = None
+    on_tool: ToolProgress | None = None
     session_id: str = ""
     preface: str = ""  # what the reply starts with: a note about the channel's previous run
     stream: AnswerStream | None = None

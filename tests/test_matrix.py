@@ -96,6 +96,7 @@ def start(
     allow: list[str] | None = None,
     gateway: dict[str, Any] | None = None,
     token: str | None = None,
+    progress: str = "off",
 ) -> RunningGateway:
     """The gateway with one matrix connector for `bot`, logging in with its password (or `token`)."""
     secret = (
@@ -108,6 +109,7 @@ def start(
         "user_id": bot,
         **secret,
         "allow": allow or ["@alice:localhost", "@carol:localhost"],
+        "progress": progress,  # the tests about other things count the replies alone
     }
     write_config(home, {"local": server.base_url}, [MEEPA], connectors=[connector], gateway=gateway)
     env = {"MIBYAN_MATRIX_TOKEN": token} if token else {"MIBYAN_MATRIX_PASSWORD": PASSWORD}
@@ -378,6 +380,33 @@ def test_files_people_send_are_saved_in_the_inbox_within_the_limit_and_never_thr
         == "echo 3: [the sender attached a file, third.txt (5 bytes): not saved, inbox/ is not a folder]"
     )
     assert list(elsewhere.iterdir()) == []
+
+
+def test_a_status_message_is_edited_as_tools_run_and_left_as_a_summary_above_the_answer(
+    home: Path, server: ScriptedServer, synapse: Synapse, alice: User
+) -> None:
+    bot = new_bot(synapse)
+    server.add(
+        Reply(tool_calls=[("terminal", {"command": "echo one"})]),
+        Reply(tool_calls=[("terminal", {"command": "echo two"})]),
+        Reply(text="Both ran."),
+    )
+    with start(home, server, synapse, bot, progress="edit"):
+        room = dm(alice, bot)
+        alice.send(room, "run them")
+
+        def answered() -> list[dict[str, Any]] | None:
+            found = alice.messages(room, bot)
+            return found if any(e["content"]["body"] == "Both ran." for e in found) else None
+
+        events = wait_until(answered)
+    assert events, alice.messages(room, bot)
+    edits = [e for e in events if e["content"].get("m.relates_to", {}).get("rel_type") == "m.replace"]
+    shown = [e for e in events if e not in edits]
+    assert [e["content"]["body"] for e in shown] == ["⚙ terminal: `echo one`", "Both ran."]
+    assert {e["content"]["m.relates_to"]["event_id"] for e in edits} == {shown[0]["event_id"]}
+    assert edits[-1]["content"]["m.new_content"]["body"] == "⚙ terminal ×2"
+    assert events.index(edits[-1]) < events.index(shown[1])  # the summary is in place before the answer
 
 
 def _long_reply() -> str:

@@ -84,6 +84,7 @@ class SendResult:
     status: SendStatus
     retry_after: float = 0.0
     detail: str = ""
+    sent_id: str = ""  # the platform's id of the message sent (to edit it later), where it gives one
 
 
 @dataclass(frozen=True)
@@ -96,6 +97,7 @@ class Limits:
     typing: bool = False
     edits: bool = False
     attachments: bool = False
+    status_messages: bool = True  # False: only replies go out, never a message about a run's progress
 
 
 @dataclass(frozen=True)
@@ -125,4 +127,8 @@ class ChatPlatform(Protocol):
 
     async def typing(self, conversation: str, on: bool) -> None:
         """Show (or stop showing) that the agent is working; a platform without typing does nothing."""
+        ...
+
+    async def edit_part(self, where: Destination, sent_id: str, text: str, key: str) -> SendResult:
+        """Replace the text of a message sent earlier (`sent_id`); a platform without edits fails."""
         ...

@@ -24,9 +24,10 @@ from mibyan.gateway.connectors.base import (
     SendStatus,
     idempotency_key,
 )
+from mibyan.gateway.connectors.chat_progress import ProgressNote
 from mibyan.gateway.connectors.chat_text import split_reply
 from mibyan.gateway.ledger import Reply
-from mibyan.gateway.work import Inbound, Outcome, ShuttingDown
+from mibyan.gateway.work import Inbound, Outcome, ShuttingDown, ToolProgress
 
 if TYPE_CHECKING:
     from mibyan.gateway.runner import Gateway
@@ -56,6 +57,7 @@ class ChatCore:
         self.platform = platform
         self.agent_id = gateway.route(settings, None).id
         self.allow = list(settings.allow or [])
+        self.progress = settings.progress
         self._askers: dict[str, str] = {}  # channel key → the sender the pending question was asked
         self._tasks: set[asyncio.Task[object]] = set()
         self._sending: dict[str, asyncio.Lock] = {}
@@ -89,8 +91,28 @@ class ChatCore:
             self._spawn(self._send_all(where, answer, event.message_id, inbox_id=None))
             return
         message = Inbound(self.agent_id, self.name, event.channel, text, message_key=event.message_id)
-        run = await self.gateway.admit(message)
-        self._spawn(self._follow(run, where, event.message_id, key, event.sender))
+        note, on_tool = self._progress(where, event.message_id)
+        run = await self.gateway.admit(message, on_tool=on_tool)
+        self._spawn(self._follow(run, where, event.message_id, key, event.sender, note))
+
+    def _progress(
+        self, where: Destination, message_id: str
+    ) -> tuple[ProgressNote | None, ToolProgress | None]:
+        """The run's status in the conversation, as `progress:` says (chat_progress.py), and the
+        callback that feeds it from the run's worker thread."""
+        limits = self.platform.limits
+        mode = self.progress or ("edit" if limits.edits else "off")
+        if mode == "off" or not limits.status_messages or (mode == "edit" and not limits.edits):
+            return None, None
+        lock = self._sending.setdefault(where.conversation, asyncio.Lock())
+        note = ProgressNote(self.platform, where, message_id, mode, lock)
+        loop = asyncio.get_running_loop()
+
+        def on_tool(phase: str, name: str, detail: dict[str, Any]) -> None:
+            if phase == "start":
+                loop.call_soon_threadsafe(note.tool_started, name, detail.get("arguments"))
+
+        return note, on_tool
 
     async def _command(self, word: str, key: str, event: InboundEvent) -> str | None:
         """The reply of an in-chat command, or None when the message is for the agent."""
@@ -133,7 +155,13 @@ class ChatCore:
         self._spawn(self._follow(run, where, where.reply_to, key, sender=None))
 
     async def _follow(
-        self, run: asyncio.Future[Outcome], where: Destination, message_id: str, key: str, sender: str | None
+        self,
+        run: asyncio.Future[Outcome],
+        where: Destination,
+        message_id: str,
+        key: str,
+        sender: str | None,
+        note: ProgressNote | None = None,
     ) -> None:
         typing = asyncio.create_task(self._keep_typing(where.conversation))
         try:
@@ -145,6 +173,8 @@ class ChatCore:
         finally:
             typing.cancel()
             await self.platform.typing(where.conversation, False)
+            if note is not None:
+                await note.finish()  # the summary of what ran goes above the answer
         if outcome.interrupted:
             if outcome.inbox_id and self.gateway._accepting:  # a /stop, not the gateway stopping
                 await self.gateway._ledger(

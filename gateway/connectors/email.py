@@ -43,7 +43,8 @@ class EmailConnector:
     """One mailbox answering for one agent."""
 
     kind = "email"
-    limits = Limits(text_length=1_000_000, unit="characters", attachments=True)  # one reply mail per mail
+    # one reply mail per mail, never a mail about a run's progress
+    limits = Limits(text_length=1_000_000, unit="characters", attachments=True, status_messages=False)
 
     def __init__(self, settings: ConnectorSettings, gateway: Gateway) -> None:
         self.settings = settings
@@ -219,6 +220,9 @@ class EmailConnector:
             for number, (name, content) in enumerate(files)
         ]
         return [inbox.note(saved, limit_mb)]
+
+    async def edit_part(self, where: Destination, sent_id: str, text: str, key: str) -> SendResult:
+        return SendResult(SendStatus.FAILED, detail="a sent mail cannot be changed")
 
     async def send_part(self, where: Destination, text: str, key: str, first: bool) -> SendResult:
         to = mail.Inbound.load(self.folder, where.reply_to)

@@ -390,9 +390,23 @@ class MatrixConnector:
             }
         elif first:
             content["m.relates_to"] = {"m.in_reply_to": {"event_id": where.reply_to}}
-        path = room_path(where.conversation, "send", "m.room.message", key)
+        return await self._put(where.conversation, content, key)
+
+    async def edit_part(self, where: Destination, sent_id: str, text: str, key: str) -> SendResult:
+        new = {"msgtype": "m.text", "body": text, "format": "org.matrix.custom.html"}
+        new["formatted_body"] = markdown_html(text)
+        content = {
+            "msgtype": "m.text",
+            "body": f"* {text}",  # what a client without edits shows
+            "m.new_content": new,
+            "m.relates_to": {"rel_type": "m.replace", "event_id": sent_id},
+        }
+        return await self._put(where.conversation, content, key)
+
+    async def _put(self, room_id: str, content: dict[str, Any], key: str) -> SendResult:
+        path = room_path(room_id, "send", "m.room.message", key)
         try:
-            await self.api.request(Method.PUT, path, content)
+            answer = await self.api.request(Method.PUT, path, content)
         except RateLimited as limited:
             return SendResult(SendStatus.RETRY_AFTER, limited.retry_after)
         except MatrixRequestError as exc:
@@ -400,7 +414,7 @@ class MatrixConnector:
             return SendResult(status, detail=str(exc))
         except _GONE as exc:
             return SendResult(SendStatus.UNKNOWN, detail=str(exc) or type(exc).__name__)
-        return SendResult(SendStatus.DELIVERED)
+        return SendResult(SendStatus.DELIVERED, sent_id=str(answer.get("event_id", "")))
 
     async def typing(self, conversation: str, on: bool) -> None:
         body = {"typing": on, "timeout": 30_000} if on else {"typing": False}
