@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mibyan.batch.execute import AgentConfig, Running
 from mibyan.batch.progress import BatchProgress, say
@@ -31,8 +31,11 @@ from mibyan.batch.results import (
 )
 from mibyan.batch.runner import Recorder, StopSignal, Tally, pending, run_local
 from mibyan.batch.tasks import InvalidLine, Task, read_tasks
-from mibyan.core.errors import MibyanError
+from mibyan.core.errors import ConfigError, MibyanError
 from mibyan.core.exit_codes import EXIT_BUDGET, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
+
+if TYPE_CHECKING:
+    from mibyan.config.loader import AgentSettings
 
 
 def run_batch(args: argparse.Namespace) -> int:
@@ -46,6 +49,9 @@ def run_batch(args: argparse.Namespace) -> int:
     except MibyanError as exc:
         sys.stderr.write(f"mibyan: {exc}\n")
         return EXIT_USAGE
+    except KeyboardInterrupt:  # before the tasks started (reading the file, resolving the settings)
+        sys.stderr.write("\n")
+        return EXIT_INTERRUPTED
 
 
 def agent_config(args: argparse.Namespace, home: Path) -> AgentConfig:
@@ -72,6 +78,7 @@ def agent_config(args: argparse.Namespace, home: Path) -> AgentConfig:
         fallback_providers=None,
     )
     settings = load_settings(home=home, overrides=overrides)
+    _warn_if_unconfined(settings, home)
     check_tool_selection(settings.tools.toolsets, allow=settings.tools.allow, deny=settings.tools.deny)
     runtime = resolve_runtime(
         settings,
@@ -93,6 +100,14 @@ def agent_config(args: argparse.Namespace, home: Path) -> AgentConfig:
         yolo=bool(args.yolo),
         base_url=args.base_url,
     )
+
+
+def _warn_if_unconfined(settings: AgentSettings, home: Path) -> None:
+    """Say once, on stderr, when the tasks' commands cannot be confined (as a chat does)."""
+    from mibyan.agent.agent_init import make_sandbox
+    from mibyan.agent.callbacks import Callbacks
+
+    make_sandbox(settings, home, Callbacks.from_kwargs({}), source="cli")
 
 
 def recorded_settings(config: AgentConfig) -> dict[str, Any]:
@@ -210,6 +225,8 @@ def _start_run(
 
 
 def _run(args: argparse.Namespace) -> int:
+    if args.ray_address and args.backend != "ray":
+        raise ConfigError("--ray-address joins a Ray cluster: it needs --backend ray")
     tasks_file, home, tasks, invalid, config = _prepare(args)
     if args.backend == "ray":
         from mibyan.batch.ray_backend import check_ray

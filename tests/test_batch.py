@@ -229,3 +229,21 @@ def test_the_ray_backend_gives_the_results_of_the_local_one(
         }
         assert len(list((out / "trajectories").glob("part-*.jsonl"))) >= 1
     assert outcomes["ray"] == outcomes["local"] and len(outcomes["local"]) == 6
+
+
+def test_a_result_left_without_its_trajectory_gets_it_from_the_store_at_the_next_run(
+    server: ScriptedServer, home: Path, tmp_path: Path
+) -> None:
+    import shutil
+
+    server.default = lambda body: Reply(text="done")
+    tasks = _write_tasks(tmp_path / "t.jsonl", [{"prompt": "one"}, {"prompt": "two"}])
+    out = tmp_path / "out"
+    assert _batch(server, home, "run", str(tasks), "--out", str(out), "-Q").returncode == 0
+    shutil.rmtree(out / "trajectories")  # as a kill between a result's line and its trajectory's leaves it
+    again = _batch(server, home, "run", str(tasks), "--out", str(out), "-Q")
+    assert again.returncode == 0, again.stderr
+    assert len(server.requests) == 2  # nothing ran again
+    (part,) = (out / "trajectories").glob("part-0002-*.jsonl")
+    mended = [json.loads(raw) for raw in part.read_text().splitlines()]
+    assert sorted(t["conversations"][1]["value"] for t in mended) == ["one", "two"]
