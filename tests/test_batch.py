@@ -247,3 +247,34 @@ def test_a_result_left_without_its_trajectory_gets_it_from_the_store_at_the_next
     (part,) = (out / "trajectories").glob("part-0002-*.jsonl")
     mended = [json.loads(raw) for raw in part.read_text().splitlines()]
     assert sorted(t["conversations"][1]["value"] for t in mended) == ["one", "two"]
+
+
+def test_per_provider_lets_one_model_call_at_a_time_reach_the_provider(
+    server: ScriptedServer, home: Path, tmp_path: Path
+) -> None:
+    in_flight, most = [0], [0]
+    lock = threading.Lock()
+
+    def reply(body: dict[str, Any]) -> Reply:
+        with lock:
+            in_flight[0] += 1
+            most[0] = max(most[0], in_flight[0])
+        opened = []
+
+        def answering(event: str) -> None:
+            # counted out at the reply's first event: its caller holds the slot until the reply's end
+            if not opened:
+                opened.append(event)
+                with lock:
+                    in_flight[0] -= 1
+
+        return Reply(text="done", delay=0.05, after_event=answering)
+
+    server.default = reply
+    tasks = _write_tasks(tmp_path / "t.jsonl", [{"prompt": f"task {n}"} for n in range(4)])
+    out = tmp_path / "out"
+    done = _batch(
+        server, home, "run", str(tasks), "--out", str(out), "--workers", "4", "--per-provider", "1", "-Q"
+    )
+    assert done.returncode == 0, done.stderr
+    assert len(server.requests) == 4 and most[0] == 1
