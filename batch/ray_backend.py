@@ -70,9 +70,14 @@ def run_ray(
     tick: Callable[[], None],
 ) -> None:
     """Run `tasks` on `workers` actors of the Ray cluster at `address` (None: a local one)."""
+    import signal
+
     import ray
 
+    ours = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     ray.init(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    for sig, handler in ours.items():  # Ray's driver sets handlers of its own: a Ctrl-C stays the batch's
+        signal.signal(sig, handler)
     try:
         remote: Any = ray.remote  # its overloads do not list the options of an actor class
         actor_class: Any = remote(
@@ -110,7 +115,9 @@ def _drive(
                 actor.interrupt.remote()
         if not in_flight:
             break
-        ready, _ = ray.wait(list(in_flight), num_returns=1, timeout=0.1)
+        ready, rest = ray.wait(list(in_flight), num_returns=1, timeout=0.1)
+        if ready and rest:  # and every other one done by now, without waiting for them
+            ready += ray.wait(rest, num_returns=len(rest), timeout=0)[0]
         tick()
         for ref in ready:
             worker = in_flight.pop(ref)
