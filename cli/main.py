@@ -163,6 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     skill_actions.add_parser("list", help="name, description and trigger words of each skill")
     _add_trust_command(commands)
+    _add_batch_command(commands)
     gateway = commands.add_parser(
         "gateway",
         help="serve the configured agents over their connectors (an OpenAI-compatible HTTP API)",
@@ -216,6 +217,33 @@ def _add_trust_command(commands: argparse._SubParsersAction[_Parser]) -> None:
     trust.add_argument(
         "--yes", action="store_true", help="trust without asking (scripts; a terminal is asked otherwise)"
     )
+
+
+def _add_batch_command(commands: argparse._SubParsersAction[_Parser]) -> None:
+    batch = commands.add_parser(
+        "batch",
+        help="run many agent tasks from a JSONL file, resumably; see their status",
+        description='Run the tasks of a JSONL file (one {"prompt": ...} a line), each an agent of its own; '
+        "running the same command again runs only the tasks without a final result.",
+    )
+    actions = batch.add_subparsers(dest="action", metavar="ACTION", parser_class=_Parser, required=True)
+    run = actions.add_parser("run", help="run the tasks of TASKS.jsonl, results in --out DIR")
+    run.add_argument("tasks", metavar="TASKS.jsonl")
+    run.add_argument("--out", required=True, type=_named, metavar="DIR", help="the batch's folder")
+    run.add_argument("--workers", type=_positive_int, default=8, help="tasks at once (default 8)")
+    run.add_argument("--backend", choices=("local", "ray"), default="local", help="local threads, or Ray")
+    run.add_argument("--ray-address", metavar="ADDR", help="with --backend ray: the cluster to join")
+    run.add_argument("--repeat", type=_positive_int, default=1, help="runs of each line without its own")
+    run.add_argument("--skip-invalid", action="store_true", help="record bad lines as invalid, run the rest")
+    run.add_argument("--retry-failed", action="store_true", help="run the failed tasks again too")
+    run.add_argument("--max-tokens", type=_positive_int, metavar="N", help="stop handing out tasks past N")
+    run.add_argument(
+        "--per-provider", type=_positive_int, metavar="N", help="model calls in flight to one provider"
+    )
+    _add_agent_options(run)
+    status = actions.add_parser("status", help="tasks by disposition, what is left, tokens")
+    status.add_argument("dir", metavar="DIR")
+    status.add_argument("--json", action="store_true", help="as JSON")
 
 
 def _show_warning(
@@ -309,6 +337,10 @@ def run_command(argv: Sequence[str] | None = None) -> int:
             from mibyan.web.serve import run_web
 
             return run_web(args)
+        if args.command == "batch":
+            from mibyan.cli.batch import run_batch
+
+            return run_batch(args)
         if args.command == "sessions":
             from mibyan.cli.sessions import run_sessions
 
