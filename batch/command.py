@@ -61,6 +61,7 @@ def agent_config(args: argparse.Namespace, home: Path) -> AgentConfig:
         ConfigError: a broken configuration, an unknown toolset or a missing key (before any task runs).
     """
     from mibyan.agent.agent_init import settings_overrides
+    from mibyan.agent.options import AgentOptions
     from mibyan.agent.providers import resolve_runtime
     from mibyan.config.loader import load_settings
     from model_tools import check_tool_selection
@@ -70,12 +71,9 @@ def agent_config(args: argparse.Namespace, home: Path) -> AgentConfig:
         toolsets = [name.strip() for name in args.toolsets.split(",") if name.strip()]
         check_tool_selection(toolsets, where="--toolsets")
     overrides = settings_overrides(
-        model=args.model,
-        provider=args.provider,
-        max_iterations=args.max_turns,
-        stream=None,
-        enabled_toolsets=toolsets,
-        fallback_providers=None,
+        AgentOptions(
+            model=args.model, provider=args.provider, max_iterations=args.max_turns, enabled_toolsets=toolsets
+        )
     )
     settings = load_settings(home=home, overrides=overrides)
     _warn_if_unconfined(settings, home)

@@ -117,10 +117,12 @@ def _result(task: Task, started: float, **fields: Any) -> dict[str, Any]:
 
 
 def build_agent(task: Task, config: AgentConfig, workdir: Path, **extra: Any) -> AIAgent:
-    """The task's agent: the batch's settings, its own folder and sandbox, a session of source "batch"."""
+    """The task's agent: the batch's settings, its own folder and sandbox, a session of source "batch";
+    `extra` are further options (the shared provider health, the transport)."""
+    from mibyan.agent.options import AgentOptions
     from run_agent import AIAgent
 
-    return AIAgent(
+    options = AgentOptions(
         model=config.model,
         provider=config.provider,
         base_url=config.base_url,
@@ -133,6 +135,7 @@ def build_agent(task: Task, config: AgentConfig, workdir: Path, **extra: Any) ->
         workdir=workdir,
         **extra,
     )
+    return AIAgent(options=options)
 
 
 def run_task(
@@ -176,7 +179,7 @@ def _conversation(agent: AIAgent, task: Task, started: float) -> Outcome:
             _result(task, started, session_id=agent.session_id, error=f"{type(exc).__name__}: {exc}")
         )
     reason = result["exit_reason"]
-    agent.store.end_session(result["session_id"], reason)
+    agent.store.sessions.end(result["session_id"], reason)
     error = result["error"]
     if reason == "budget_exhausted":
         error = f"stopped: the budget of {agent.settings.agent.max_turns} model calls is spent"

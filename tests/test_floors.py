@@ -26,6 +26,7 @@ FLOORS = {
     "gateway": 5,
     "editors": 5,
     "web": 5,
+    "batch": 5,
     "cli": 6,
 }
 
