@@ -53,15 +53,23 @@ class GatewayAgent(_Section):
     memory: Literal["per_channel", "shared"] = "per_channel"
 
 
+class XmppServer(_Section):
+    """Where an xmpp connector connects (omitted: the JID's domain, port 5222)."""
+
+    host: str
+    port: int = Field(default=5222, gt=0, le=65535)
+
+
 class Connector(_Section):
     """One connector: where messages arrive, and the agent that owns them (every agent when omitted).
 
     `host`, `port` and `token_env` are the http kind's; `homeserver` to `groups` the matrix kind's
-    (checked when the connector is made: `gateway/connectors/matrix_setup.py`).
+    (checked when the connector is made: `gateway/connectors/matrix_setup.py`); `jid` to `nick` the
+    xmpp kind's (with `password_env` and `allow`).
     """
 
     name: str = Field(pattern=ID_PATTERN)
-    kind: Literal["http", "matrix"]
+    kind: Literal["http", "matrix", "xmpp"]
     agent: str | None = None
     host: str = "127.0.0.1"
     port: int = Field(default=8642, ge=0, le=65535)
@@ -80,6 +88,11 @@ class Connector(_Section):
     access_token_env: str | None = None
     allow: list[str] | None = None
     groups: Literal["mention", "all", "ignore"] = "mention"
+    jid: str | None = None
+    server: XmppServer | None = None
+    ca_file: str | None = None  # relative: to the home (where config.yaml is)
+    rooms: list[str] = []
+    nick: str | None = None  # in rooms (omitted: the JID's local part)
 
 
 class GatewaySection(_Section):

@@ -18,3 +18,7 @@ def check_chat_connector(settings: ConnectorSettings, env: dict[str, str] | os._
                 f"connector '{settings.name}': the matrix kind needs mautrix: pip install 'mibyan[matrix]'"
             ) from exc
         check_matrix(settings, env)
+    if settings.kind == "xmpp":
+        from mibyan.gateway.connectors.xmpp_setup import check_xmpp
+
+        check_xmpp(settings, env)
