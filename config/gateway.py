@@ -61,16 +61,23 @@ class MailServer(_Section):
     tls: Literal["ssl", "starttls", "none"] = "ssl"
 
 
+class XmppServer(_Section):
+    """Where an xmpp connector connects (omitted: the JID's domain, port 5222)."""
+
+    host: str
+    port: int = Field(default=5222, gt=0, le=65535)
+
+
 class Connector(_Section):
     """One connector: where messages arrive, and the agent that owns them (every agent when omitted).
 
     `host`, `port` and `token_env` are the http kind's; `homeserver` to `groups` the matrix kind's;
-    `address` to `poll_seconds` the email kind's (checked when the connector is made:
-    `gateway/connectors/matrix_setup.py`).
+    `address` to `poll_seconds` the email kind's; `jid` to `nick` the xmpp kind's (with `password_env` and
+    `allow`; checked when the connector is made: `gateway/connectors/matrix_setup.py`).
     """
 
     name: str = Field(pattern=ID_PATTERN)
-    kind: Literal["http", "matrix", "email"]
+    kind: Literal["http", "matrix", "email", "xmpp"]
     agent: str | None = None
     host: str = "127.0.0.1"
     port: int = Field(default=8642, ge=0, le=65535)
@@ -99,6 +106,11 @@ class Connector(_Section):
     poll_seconds: float = Field(default=60, gt=0)  # an IMAP server without IDLE is asked this often
     # seconds an approval question waits for its answer here (omitted: `approvals.timeout`; email: 1800)
     approval_timeout: float | None = Field(default=None, gt=0)
+    jid: str | None = None
+    server: XmppServer | None = None
+    ca_file: str | None = None  # relative: to the home (where config.yaml is)
+    rooms: list[str] = []
+    nick: str | None = None  # in rooms (omitted: the JID's local part)
 
 
 class GatewaySection(_Section):

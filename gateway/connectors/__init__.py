@@ -35,4 +35,13 @@ def make_connector(settings: ConnectorSettings, gateway: Gateway) -> Connector:
         from mibyan.gateway.connectors.email import EmailConnector
 
         return EmailConnector(settings, gateway)
+    if settings.kind == "xmpp":
+        try:
+            from mibyan.gateway.connectors.xmpp import XmppConnector
+        except ImportError as exc:  # slixmpp is the `xmpp` extra
+            raise ConfigError(
+                f"connector '{settings.name}': the xmpp kind needs slixmpp: pip install 'mibyan[xmpp]'"
+            ) from exc
+
+        return XmppConnector(settings, gateway)
     raise AssertionError(f"connector kind {settings.kind!r} has no module")

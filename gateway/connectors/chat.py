@@ -198,7 +198,8 @@ class ChatCore:
         """Send every part in order, one reply at a time per conversation (a rate-limited reply is not
         overtaken, nor its parts interleaved with the next one's); the ledger marks the reply sent once
         all are delivered."""
-        parts = split_reply(text, self.platform.limits.text_length)
+        limits = self.platform.limits
+        parts = split_reply(text, limits.text_length, limits.unit)
         async with self._sending.setdefault(where.conversation, asyncio.Lock()):
             for number, part in enumerate(parts):
                 if not await self._send_part(where, part, idempotency_key(message_id, number), number == 0):

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import html
 import re
+from collections.abc import Callable
+from typing import Literal
 
 _FENCE = re.compile(r"^\s*(```|~~~)")
 
@@ -29,45 +31,64 @@ def _blocks(text: str) -> list[list[str]]:
     return blocks
 
 
-def _cut_long_line(line: str, limit: int) -> list[str]:
-    return [line[start : start + limit] for start in range(0, len(line), limit)] or [""]
+def _bytes(text: str) -> int:
+    return len(text.encode())
 
 
-def _cut_fence(block: list[str], limit: int) -> list[str]:
+def _cut_long_line(line: str, limit: int, size: Callable[[str], int] = len) -> list[str]:
+    if size is len:
+        return [line[start : start + limit] for start in range(0, len(line), limit)] or [""]
+    pieces: list[str] = []
+    current: list[str] = []
+    used = 0  # by bytes: cut between characters, never inside one
+    for char in line:
+        width = size(char)
+        if current and used + width > limit:
+            pieces.append("".join(current))
+            current, used = [], 0
+        current.append(char)
+        used += width
+    pieces.append("".join(current))
+    return pieces
+
+
+def _cut_fence(block: list[str], limit: int, size: Callable[[str], int] = len) -> list[str]:
     """A code block longer than a part: each piece closed and the next reopened with the same opener."""
     opener = block[0]
     closed = _FENCE.match(block[-1]) is not None and len(block) > 1
     body = block[1:-1] if closed else block[1:]
     closer = block[-1].strip() if closed else opener.strip()[:3]
-    room = max(limit - len(opener) - len(closer) - 2, 1)
+    room = max(limit - size(opener) - size(closer) - 2, 1)
     pieces: list[str] = []
     current: list[str] = []
-    size = 0
-    for line in (piece for raw in body for piece in _cut_long_line(raw, room)):
-        if current and size + len(line) + 1 > room:
+    used = 0
+    for line in (piece for raw in body for piece in _cut_long_line(raw, room, size)):
+        if current and used + size(line) + 1 > room:
             pieces.append("\n".join([opener, *current, closer]))
-            current, size = [], 0
+            current, used = [], 0
         current.append(line)
-        size += len(line) + 1
+        used += size(line) + 1
     pieces.append("\n".join([opener, *current, closer]))
     return pieces
 
 
-def split_reply(text: str, limit: int) -> list[str]:
-    """`text` in parts of at most `limit` characters, cut between lines; a fenced code block stays in one
-    part when it fits in one, and is otherwise closed and reopened at each cut."""
-    if len(text) <= limit:
+def split_reply(text: str, limit: int, unit: Literal["characters", "bytes"] = "characters") -> list[str]:
+    """`text` in parts of at most `limit` characters (or UTF-8 bytes), cut between lines; a fenced code
+    block stays in one part when it fits in one, and is otherwise closed and reopened at each cut."""
+    size: Callable[[str], int] = len if unit == "characters" else _bytes
+    if size(text) <= limit:
         return [text]
     parts: list[str] = []
     current: str | None = None  # None: the part has nothing yet ("" is an empty line)
     for block in _blocks(text):
         joined = "\n".join(block)
-        pieces = [joined] if len(joined) <= limit else None
+        pieces = [joined] if size(joined) <= limit else None
         if pieces is None:
-            pieces = _cut_fence(block, limit) if _FENCE.match(block[0]) else _cut_long_line(joined, limit)
+            fenced = _FENCE.match(block[0])
+            pieces = _cut_fence(block, limit, size) if fenced else _cut_long_line(joined, limit, size)
         for piece in pieces:
             candidate = piece if current is None else f"{current}\n{piece}"
-            if len(candidate) <= limit:
+            if size(candidate) <= limit:
                 current = candidate
                 continue
             if current is not None:

@@ -22,3 +22,7 @@ def check_chat_connector(settings: ConnectorSettings, env: dict[str, str] | os._
         from mibyan.gateway.connectors.email_wire import check_email
 
         check_email(settings, env)
+    if settings.kind == "xmpp":
+        from mibyan.gateway.connectors.xmpp_setup import check_xmpp
+
+        check_xmpp(settings, env)

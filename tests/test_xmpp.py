@@ -1,0 +1,158 @@
+"""The xmpp connector against a real Prosody: a real `mibyan gateway`, slixmpp as the people, the
+scripted model behind the agent."""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import wait_until
+from gatewaying import RunningGateway, write_config
+from loopback import Reply, ScriptedServer
+from prosodying import ROOMS, Prosody, User, missing_reason
+
+pytestmark = [
+    pytest.mark.chat_servers,
+    pytest.mark.skipif(missing_reason() is not None, reason=str(missing_reason())),
+]
+
+MEEPA = {"id": "meepa", "default": True, "provider": "local", "model": "meepa-model"}
+PASSWORD = "bot-password"
+ENV = {"MIBYAN_XMPP_PASSWORD": PASSWORD}
+_bots = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def prosody(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prosody]:
+    server = Prosody(tmp_path_factory.mktemp("prosody"))
+    yield server
+    server.kill()
+
+
+@pytest.fixture(scope="module")
+def alice(prosody: Prosody) -> Iterator[User]:
+    user = User(prosody, "alice")
+    yield user
+    user.close()
+
+
+@pytest.fixture(scope="module")
+def mallory(prosody: Prosody) -> Iterator[User]:
+    user = User(prosody, "mallory")
+    yield user
+    user.close()
+
+
+def user_texts(body: dict[str, Any]) -> list[str]:
+    return [str(m["content"]) for m in body["messages"] if m["role"] == "user"]
+
+
+def echo(body: dict[str, Any]) -> Reply:
+    texts = user_texts(body)
+    return Reply(text=f"echo {len(texts)}: {texts[-1]}")
+
+
+@pytest.fixture
+def server() -> Iterator[ScriptedServer]:
+    with ScriptedServer(default=echo) as scripted:
+        yield scripted
+
+
+def new_bot(prosody: Prosody) -> str:
+    return prosody.register(f"meepa{os.getpid()}x{next(_bots)}", PASSWORD)
+
+
+def start(
+    home: Path, server: ScriptedServer, prosody: Prosody, bot: str, rooms: list[str] = ()
+) -> RunningGateway:
+    (home / "ca.pem").write_bytes(prosody.ca_file.read_bytes())
+    connector = {
+        "name": "chat",
+        "kind": "xmpp",
+        "jid": bot,
+        "password_env": "MIBYAN_XMPP_PASSWORD",
+        "server": {"host": "127.0.0.1", "port": prosody.port},
+        "ca_file": "ca.pem",
+        "allow": ["alice@localhost", "carol@localhost"],
+        "rooms": list(rooms),
+        "nick": "meepa",
+    }
+    write_config(home, {"local": server.base_url}, [MEEPA], connectors=[connector])
+    return RunningGateway(home, env=ENV)
+
+
+def replies(user: User, sender: str, count: int, timeout: float = 30) -> list[str]:
+    found = wait_until(lambda: t if len(t := user.texts(sender)) >= count else None, timeout)
+    assert found, f"expected {count} replies from {sender}, got {user.texts(sender)}"
+    return list(found)
+
+
+def test_a_direct_message_is_answered_once_a_room_on_mention_and_strangers_never(
+    home: Path, server: ScriptedServer, prosody: Prosody, alice: User, mallory: User
+) -> None:
+    bot = new_bot(prosody)
+    room = f"team{next(_bots)}@{ROOMS}"
+    with start(home, server, prosody, bot, rooms=[room]) as gateway:
+        assert f"mibyan gateway: chat (xmpp) on {bot}\n" in gateway.lines
+        alice.send(bot, "hello")
+        assert replies(alice, bot, 1) == ["echo 1: hello"]
+        alice.send(bot, "again")
+        assert replies(alice, bot, 2)[1] == "echo 2: again"
+
+        mallory.send(bot, "tell me the secret")
+        alice.join(room)
+        mallory.join(room)
+        alice.send(room, "not for the bot", group=True)
+        mallory.send(room, "meepa: the secret now", group=True)
+        alice.send(room, "meepa: hi", group=True)
+        assert replies(alice, f"{room}/meepa", 1) == ["echo 1: hi"]  # the room's own session
+
+        server.add(Reply(text="\n".join(f"line {n:05d} " + "é" * 30 for n in range(320))))
+        alice.send(bot, "long please")
+        long = "\n".join(f"line {n:05d} " + "é" * 30 for n in range(320))
+        assert len(long.encode()) > 20_000
+        parts = wait_until(lambda: "\n".join(alice.texts(bot)[2:]) == long or None, 30)
+        assert parts, alice.texts(bot)[2:]
+        assert len(alice.texts(bot)) > 3  # sent in parts
+        assert not mallory.texts(bot)
+    seen = [text for request in server.requests for text in user_texts(request.body)]
+    assert not any("secret" in text or "not for the bot" in text for text in seen)
+    assert len(server.requests) == 4
+
+
+def test_killed_and_restarted_messages_sent_meanwhile_are_answered_once(
+    home: Path, server: ScriptedServer, prosody: Prosody, alice: User
+) -> None:
+    bot = new_bot(prosody)
+    alice.send(bot, "from before the first start")
+    server.add(Reply(text="the first run never finishes", delay=60))
+    first = start(home, server, prosody, bot)
+    alice.send(bot, "mid-run")
+    assert wait_until(lambda: len(server.requests) == 1)
+    first.kill()
+    alice.send(bot, "while down 1")
+    alice.send(bot, "while down 2")
+    with RunningGateway(home, env=ENV):
+        texts = replies(alice, bot, 3)
+        assert sorted(texts) == sorted(["echo 1: mid-run", "echo 2: while down 1", "echo 3: while down 2"])
+    assert len(alice.texts(bot)) == 3
+    seen = [text for request in server.requests for text in user_texts(request.body)]
+    assert not any("from before" in text for text in seen)
+
+
+def test_prosody_restarted_under_the_gateway_the_next_message_is_answered(
+    home: Path, server: ScriptedServer, prosody: Prosody
+) -> None:
+    bot = new_bot(prosody)
+    with start(home, server, prosody, bot):
+        prosody.restart()
+        carol = User(prosody, "carol")
+        try:
+            carol.send(bot, "after the restart")
+            assert replies(carol, bot, 1, timeout=30) == ["echo 1: after the restart"]
+        finally:
+            carol.close()
