@@ -146,10 +146,7 @@ class Ledger:
     def has_message(self, channel: str, message_key: str) -> bool:
         """Whether the channel already recorded this message (a chat platform without send idempotency,
         XMPP, must not admit a re-read message again: its reply would be sent twice)."""
-        rows = self.store.query(
-            "SELECT 1 FROM gateway_inbox WHERE channel = ? AND message_key = ?", (channel, message_key)
-        )
-        return bool(rows)
+        return self.store.ledger.has_message(channel, message_key)
 
     def end_channel_session(self, channel: str) -> int:
         """In-chat /new: the channel's sessions stop being its sessions (they stay in the store, titled by

@@ -72,6 +72,12 @@ class GatewayLedger:
         rows = self._db.query("SELECT * FROM gateway_inbox WHERE id = ?", (inbox_id,))
         return row_dict(rows[0]) if rows else None
 
+    def has_message(self, channel: str, message_key: str) -> bool:
+        rows = self._db.query(
+            "SELECT 1 FROM gateway_inbox WHERE channel = ? AND message_key = ?", (channel, message_key)
+        )
+        return bool(rows)
+
     def reply(self, inbox_id: int) -> dict[str, Any] | None:
         rows = self._db.query("SELECT * FROM gateway_outbox WHERE inbox_id = ?", (inbox_id,))
         return row_dict(rows[0]) if rows else None
