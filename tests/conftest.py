@@ -168,6 +168,15 @@ def run_in_background(agent: Any, prompt: str) -> tuple[threading.Thread, dict[s
     return worker, outcome
 
 
+def free_port() -> int:
+    """A loopback port nobody listens on now (for a server the fixture starts)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 def wait_until(condition: Callable[[], Any], timeout: float = 30.0) -> Any:
     """Poll `condition` until it holds (for what only shows from outside: a process gone, a line logged)
     or `timeout` seconds pass; returns its last value."""

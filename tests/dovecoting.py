@@ -25,7 +25,7 @@ from email.utils import make_msgid
 from pathlib import Path
 from typing import Any
 
-from conftest import wait_until
+from conftest import free_port, wait_until
 
 DOVECOT = os.environ.get("MIBYAN_TEST_DOVECOT", "/usr/sbin/dovecot")
 DOMAIN = "localhost"
@@ -42,12 +42,6 @@ def missing_reason() -> str | None:
     except ImportError as exc:
         return f"the SMTP relay's library is missing: {exc}"
     return None
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _runs_as() -> pwd.struct_passwd:

@@ -607,3 +607,19 @@ class ResponsesWire:
         kind = "response.incomplete" if final["status"] == "incomplete" else "response.completed"
         events.append(_sse({"type": kind, "response": final}, kind))
         return events
+
+
+def user_texts(body: dict[str, Any]) -> list[str]:
+    """The text of every user message in a request's body, in order."""
+    texts = []
+    for message in body["messages"]:
+        if message["role"] == "user":
+            content = message["content"]
+            texts.append(content if isinstance(content, str) else "".join(p.get("text", "") for p in content))
+    return texts
+
+
+def echo(body: dict[str, Any]) -> Reply:
+    """A model that answers with how many user messages its session holds, and the last one."""
+    texts = user_texts(body)
+    return Reply(text=f"echo {len(texts)}: {texts[-1]}")

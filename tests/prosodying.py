@@ -18,7 +18,7 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
-from conftest import wait_until
+from conftest import free_port, wait_until
 
 _T = TypeVar("_T")
 PROSODY = os.environ.get("MIBYAN_TEST_PROSODY", "/usr/bin/prosody")
@@ -36,12 +36,6 @@ def missing_reason() -> str | None:
     except ImportError as exc:
         return f"the xmpp test client or connector library is missing: {exc}"
     return None
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def make_certificates(folder: Path) -> Path:
@@ -98,8 +92,8 @@ class Prosody:
 
     def __init__(self, folder: Path) -> None:
         self.folder = folder
-        self.port = _free_port()
-        self.http_port = _free_port()
+        self.port = free_port()
+        self.http_port = free_port()
         self.ca_file = make_certificates(folder)
         (folder / "data").mkdir()
         self.config = folder / "prosody.cfg.lua"

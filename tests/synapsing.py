@@ -15,7 +15,6 @@ import hmac
 import json
 import os
 import secrets
-import socket
 import subprocess
 import threading
 import urllib.error
@@ -25,7 +24,7 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
-from conftest import wait_until
+from conftest import free_port, wait_until
 
 _T = TypeVar("_T")
 SYNAPSE_PYTHON = os.environ.get("MIBYAN_TEST_SYNAPSE", "/opt/synapse-venv/bin/python")
@@ -43,18 +42,12 @@ def missing_reason() -> str | None:
     return None
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 class Synapse:
     """One homeserver process; `restart` keeps its database, port and keys."""
 
     def __init__(self, folder: Path) -> None:
         self.folder = folder
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.secret = secrets.token_hex(16)
         self.config = folder / "homeserver.yaml"

@@ -14,7 +14,7 @@ import pytest
 from conftest import wait_until
 from dovecoting import Dovecot, MailUser, Relay, missing_reason
 from gatewaying import RunningGateway, write_config
-from loopback import Reply, ScriptedServer
+from loopback import Reply, ScriptedServer, echo, user_texts
 
 pytestmark = [
     pytest.mark.chat_servers,
@@ -43,21 +43,6 @@ def relay(dovecot: Dovecot) -> Iterator[Relay]:
 @pytest.fixture(scope="session")
 def alice(dovecot: Dovecot, relay: Relay) -> MailUser:
     return MailUser(dovecot, relay, "alice")
-
-
-def user_texts(body: dict[str, Any]) -> list[str]:
-    texts = []
-    for message in body["messages"]:
-        if message["role"] == "user":
-            content = message["content"]
-            texts.append(content if isinstance(content, str) else "".join(p.get("text", "") for p in content))
-    return texts
-
-
-def echo(body: dict[str, Any]) -> Reply:
-    """The model answers with how many user messages its session holds, and the last one."""
-    texts = user_texts(body)
-    return Reply(text=f"echo {len(texts)}: {texts[-1]}")
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ import pytest
 import yaml
 from conftest import run_cli, wait_until
 from gatewaying import TOKEN, InProcessGateway, RunningGateway, ServedGateway, write_config
-from loopback import Reply, ScriptedServer, held_until
+from loopback import Reply, ScriptedServer, held_until, user_texts
 
 from agent_state import SessionStore
 from mibyan.agent.messages import repair_history
@@ -53,10 +53,6 @@ def ask(gateway: ServedGateway, text: str, *, channel: str | None = None, key: s
     return gateway.client().chat.completions.with_raw_response.create(
         model="meepa", messages=[{"role": "user", "content": text}], extra_headers=headers
     )
-
-
-def user_texts(body: dict[str, Any]) -> list[str]:
-    return [m["content"] for m in body["messages"] if m["role"] == "user"]
 
 
 def sessions(home: Path) -> list[dict[str, Any]]:

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 from gatewaying import InProcessGateway, write_config
-from loopback import Reply, ScriptedServer
-from test_gateway import MEEPA, ask, user_texts
+from loopback import Reply, ScriptedServer, user_texts
+from test_gateway import MEEPA, ask
 
 from agent_state import SessionStore
 

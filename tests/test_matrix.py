@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from conftest import wait_until
 from gatewaying import RunningGateway, write_config
-from loopback import Reply, ScriptedServer
+from loopback import Reply, ScriptedServer, echo, user_texts
 from synapsing import Synapse, User, joined, membership, missing_reason, typing
 
 pytestmark = [
@@ -53,21 +53,6 @@ def carol(synapse: Synapse) -> Iterator[User]:
 @pytest.fixture(scope="session")
 def mallory(synapse: Synapse) -> Iterator[User]:
     yield from _user(synapse, "mallory")
-
-
-def user_texts(body: dict[str, Any]) -> list[str]:
-    texts = []
-    for message in body["messages"]:
-        if message["role"] == "user":
-            content = message["content"]
-            texts.append(content if isinstance(content, str) else "".join(p.get("text", "") for p in content))
-    return texts
-
-
-def echo(body: dict[str, Any]) -> Reply:
-    """The model answers with how many user messages its session holds, and the last one."""
-    texts = user_texts(body)
-    return Reply(text=f"echo {len(texts)}: {texts[-1]}")
 
 
 @pytest.fixture

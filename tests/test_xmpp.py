@@ -7,12 +7,11 @@ import itertools
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from conftest import wait_until
 from gatewaying import RunningGateway, write_config
-from loopback import Reply, ScriptedServer
+from loopback import Reply, ScriptedServer, echo, user_texts
 from prosodying import ROOMS, Prosody, User, missing_reason
 
 pytestmark = [
@@ -45,15 +44,6 @@ def mallory(prosody: Prosody) -> Iterator[User]:
     user = User(prosody, "mallory")
     yield user
     user.close()
-
-
-def user_texts(body: dict[str, Any]) -> list[str]:
-    return [str(m["content"]) for m in body["messages"] if m["role"] == "user"]
-
-
-def echo(body: dict[str, Any]) -> Reply:
-    texts = user_texts(body)
-    return Reply(text=f"echo {len(texts)}: {texts[-1]}")
 
 
 @pytest.fixture

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING
 
 from mibyan.config.gateway import Connector as ConnectorSettings
@@ -12,36 +13,31 @@ if TYPE_CHECKING:
     from mibyan.gateway.runner import Gateway
 
 
+#: Each kind's module and class, and the extra that installs its library (None: nothing to install; the
+#: email kind speaks through the standard library's imaplib and smtplib).
+_KINDS: dict[str, tuple[str, str, str | None]] = {
+    "http": ("http", "HttpConnector", None),
+    "matrix": ("matrix", "MatrixConnector", "matrix"),  # mautrix
+    "email": ("email", "EmailConnector", None),
+    "xmpp": ("xmpp", "XmppConnector", "xmpp"),  # slixmpp
+}
+
+
 def make_connector(settings: ConnectorSettings, gateway: Gateway) -> Connector:
     """The connector of a `connectors:` entry (its kind's module is imported here, on use).
 
     Raises:
         ConfigError: the entry cannot be served as configured (one line saying what to change).
     """
-    if settings.kind == "http":
-        from mibyan.gateway.connectors.http import HttpConnector
-
-        return HttpConnector(settings, gateway)
-    if settings.kind == "matrix":
-        try:
-            from mibyan.gateway.connectors.matrix import MatrixConnector
-        except ImportError as exc:  # mautrix is the `matrix` extra
-            raise ConfigError(
-                f"connector '{settings.name}': the matrix kind needs mautrix: pip install 'mibyan[matrix]'"
-            ) from exc
-
-        return MatrixConnector(settings, gateway)
-    if settings.kind == "email":  # the standard library's imaplib and smtplib: no extra to install
-        from mibyan.gateway.connectors.email import EmailConnector
-
-        return EmailConnector(settings, gateway)
-    if settings.kind == "xmpp":
-        try:
-            from mibyan.gateway.connectors.xmpp import XmppConnector
-        except ImportError as exc:  # slixmpp is the `xmpp` extra
-            raise ConfigError(
-                f"connector '{settings.name}': the xmpp kind needs slixmpp: pip install 'mibyan[xmpp]'"
-            ) from exc
-
-        return XmppConnector(settings, gateway)
-    raise AssertionError(f"connector kind {settings.kind!r} has no module")
+    module_name, class_name, extra = _KINDS[settings.kind]
+    try:
+        module = importlib.import_module(f"mibyan.gateway.connectors.{module_name}")
+    except ImportError as exc:
+        if extra is None:
+            raise
+        raise ConfigError(
+            f"connector '{settings.name}': the {settings.kind} kind needs {exc.name or 'its library'}: "
+            f"pip install 'mibyan[{extra}]'"
+        ) from exc
+    connector: Connector = getattr(module, class_name)(settings, gateway)
+    return connector

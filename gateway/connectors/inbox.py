@@ -10,6 +10,7 @@ through (the file is not saved, and the agent is told so).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import os
@@ -17,6 +18,7 @@ import re
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 INBOX = "inbox"
 _UNSAFE = re.compile(r"[^A-Za-z0-9._+-]+")
@@ -77,3 +79,27 @@ def note(attachments: list[Attachment], limit_mb: float) -> str:
                 "limit, not saved]"
             )
     return "\n".join(lines)
+
+
+async def read_capped(response: Any, limit: int) -> bytes | int | None:
+    """An aiohttp response's body: None unless it is a 200; its size so far once it grows past `limit`
+    (the rest is never read)."""
+    if response.status != 200:
+        return None
+    data = bytearray()
+    async for chunk in response.content.iter_chunked(1 << 16):
+        data += chunk
+        if len(data) > limit:
+            return len(data)
+    return bytes(data)
+
+
+async def keep(
+    workdir: Path, message_id: str, name: str, data: bytes | int | None, limit: int, unfetched: str
+) -> Attachment:
+    """What became of a file a chat message carried: saved (`data` its bytes), over `limit` (`data`
+    the size seen), or not fetched (None: `unfetched` says why)."""
+    if isinstance(data, bytes):
+        return await asyncio.to_thread(save, workdir, message_id, name, data)
+    size = data or 0
+    return Attachment(name, size, None, refused="" if size > limit else unfetched)

@@ -310,17 +310,11 @@ class MatrixConnector:
         limit_mb = self.gateway.settings.gateway.max_attachment_mb
         limit = int(limit_mb * 1_000_000)
         declared = (content.get("info") or {}).get("size")
-        data = None
-        if not (isinstance(declared, int) and declared > limit):
+        data: bytes | int | None = declared if isinstance(declared, int) and declared > limit else None
+        if data is None:
             data = await self._download(str(content.get("url", "")), limit)
-        if data is None or isinstance(data, int):
-            size = data if isinstance(data, int) else int(declared or 0)
-            saved = inbox.Attachment(
-                name, size, None, refused="" if size > limit else "it could not be fetched"
-            )
-        else:
-            workdir = self.gateway.route(self.settings, None).workdir
-            saved = await asyncio.to_thread(inbox.save, workdir, inbound.message_id, name, data)
+        workdir = self.gateway.route(self.settings, None).workdir
+        saved = await inbox.keep(workdir, inbound.message_id, name, data, limit, "it could not be fetched")
         return "\n".join(part for part in (caption, inbox.note([saved], limit_mb)) if part)
 
     async def _download(self, url: str, limit: int) -> bytes | int | None:
@@ -332,14 +326,7 @@ class MatrixConnector:
         path = f"/_matrix/client/v1/media/download/{quote(server, safe='')}/{quote(media, safe='')}"
         headers = {"Authorization": f"Bearer {self.api.token}"}
         async with self.api.session.get(self.homeserver + path, headers=headers) as response:
-            if response.status != 200:
-                return None
-            data = bytearray()
-            async for chunk in response.content.iter_chunked(1 << 16):
-                data += chunk
-                if len(data) > limit:
-                    return len(data)
-            return bytes(data)
+            return await inbox.read_capped(response, limit)
 
     async def _is_encrypted(self, room_id: str) -> bool:
         if room_id not in self._encrypted:

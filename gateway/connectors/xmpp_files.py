@@ -7,7 +7,6 @@ fetched: a message's URL must not make the gateway fetch from anywhere its sende
 
 from __future__ import annotations
 
-import asyncio
 import ssl
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
@@ -46,13 +45,9 @@ async def attachment_text(connector: XmppConnector, event: InboundEvent, url: st
             data = await _download(url, limit, str(connector.ca_file) if connector.ca_file else None)
         except (aiohttp.ClientError, TimeoutError, OSError):
             data = None
-    if data is None or isinstance(data, int):
-        size = data if isinstance(data, int) else 0
-        refused = "" if size > limit else "it could not be fetched from the account's server"
-        saved = inbox.Attachment(name, size, None, refused=refused)
-    else:
-        workdir = connector.gateway.route(connector.settings, None).workdir
-        saved = await asyncio.to_thread(inbox.save, workdir, event.message_id, name, data)
+    workdir = connector.gateway.route(connector.settings, None).workdir
+    unfetched = "it could not be fetched from the account's server"
+    saved = await inbox.keep(workdir, event.message_id, name, data, limit, unfetched)
     return "\n".join(part for part in (caption, inbox.note([saved], limit_mb)) if part)
 
 
@@ -61,11 +56,4 @@ async def _download(url: str, limit: int, ca_file: str | None) -> bytes | int | 
     context = ssl.create_default_context(cafile=ca_file) if ca_file else ssl.create_default_context()
     timeout = aiohttp.ClientTimeout(total=120)
     async with aiohttp.ClientSession(timeout=timeout) as session, session.get(url, ssl=context) as answer:
-        if answer.status != 200:
-            return None
-        data = bytearray()
-        async for chunk in answer.content.iter_chunked(1 << 16):
-            data += chunk
-            if len(data) > limit:
-                return len(data)
-        return bytes(data)
+        return await inbox.read_capped(answer, limit)
