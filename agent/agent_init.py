@@ -147,7 +147,9 @@ def init_agent(agent: AIAgent, options: AgentOptions) -> None:
     agent.prompt = PromptState(skill_matcher=make_skill_matcher(settings))
     agent._running = threading.Lock()
     agent._closed = False
-    agent.tools.mcp = start_mcp(settings, agent, options.mcp_connections, deny=denied, only=only)
+    agent.tools.mcp = start_mcp(
+        settings, agent, options.mcp_connections, deny=denied, only=only, source=options.source
+    )
     try:
         open_session(agent, options.session_id, source=options.source)
     except BaseException:
@@ -162,24 +164,34 @@ def start_mcp(
     *,
     deny: list[str],
     only: frozenset[str] | None = None,
+    source: str = "cli",
 ) -> McpToolset | None:
-    """The agent's MCP tools: `shared` connections (a subagent's parent's), else its configured servers
-    (started in the background: see McpConnections.start); None without servers. `only`: the agent's
-    `allowed_tools`, when it has such a list."""
+    """The agent's MCP tools: `shared` connections (a subagent's parent's, a gateway agent's), else its
+    configured servers, each stdio one in the agent's sandbox rooted at its `cwd:` (started in the
+    background: see McpConnections.start); None without servers. `only`: the agent's `allowed_tools`,
+    when it has such a list; `source` says where a server's `sandbox: off` is told (see make_sandbox)."""
     if shared is None and not settings.mcp_servers:
         return None
     from mibyan.tools.mcp_connections import McpConnections
     from mibyan.tools.mcp_tools import McpToolset
 
-    connections = shared or McpConnections(
-        settings.mcp_servers,
-        home=agent.home,
-        start_timeout=settings.mcp.start_timeout,
-        cwd=agent.workdir,
-    )
+    if shared is None:
+        shared = McpConnections(
+            settings.mcp_servers,
+            home=agent.home,
+            start_timeout=settings.mcp.start_timeout,
+            cwd=agent.workdir,
+            confine=lambda cwd, writable: agent.sandbox.rooted_at(cwd, writable=writable),
+        )
+        owned = True
+        unconfined = ", ".join(repr(name) for name in shared.unconfined())
+        if unconfined and agent.sandbox.active:
+            _tell(agent.callbacks, source, f"MCP servers {unconfined} run outside the sandbox (sandbox: off)")
+    else:
+        owned = False
     return McpToolset(
-        connections,
-        owned=shared is None,
+        shared,
+        owned=owned,
         signal=agent._signal,
         default_timeout=settings.agent.tool_timeout,
         max_tools=settings.mcp.max_tools,
@@ -211,13 +223,19 @@ def make_sandbox(
     )
     warning = sandbox.warning()
     if warning is not None and warn_unconfined_once():
-        if source == "cli":
-            sys.stderr.write(f"mibyan: {warning}\n")
-        elif callbacks.status_callback is not None:
-            callbacks.emit("status_callback", "sandbox", warning)
-        else:
-            logging.getLogger("mibyan.sandbox").warning(warning)
+        _tell(callbacks, source, warning)
     return sandbox
+
+
+def _tell(callbacks: Any, source: str, warning: str) -> None:
+    """What the user must know about confinement: on stderr for the command line, else through
+    `status_callback`, else in the log."""
+    if source == "cli":
+        sys.stderr.write(f"mibyan: {warning}\n")
+    elif callbacks.status_callback is not None:
+        callbacks.emit("status_callback", "sandbox", warning)
+    else:
+        logging.getLogger("mibyan.sandbox").warning(warning)
 
 
 def context_window(settings: AgentSettings, runtime: ProviderRuntime, home: Path) -> int:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from mibyan.core.exit_codes import EXIT_OK, EXIT_USAGE
@@ -16,6 +17,7 @@ from mibyan.core.sanitize import visible
 
 if TYPE_CHECKING:
     from mibyan.tools.mcp_connections import McpConnections, ServerState
+    from mibyan.tools.sandbox import Sandbox
 
 _NO_SERVERS = "no MCP servers are configured (mcp_servers: in {where})"
 
@@ -87,7 +89,16 @@ def run_mcp(args: argparse.Namespace) -> int:
         sys.stdout.write(_NO_SERVERS.format(where=home / "config.yaml") + "\n")
         return EXIT_OK
     setup_logging(home)
-    with McpConnections(settings.mcp_servers, home=home, start_timeout=settings.mcp.start_timeout) as servers:
+    from mibyan.agent.agent_init import make_sandbox
+
+    # each stdio server as an agent here starts it: in the sandbox, rooted at its cwd
+    sandbox = make_sandbox(settings, home, None, source="cli")
+
+    def confine(cwd: Path, writable: list[str]) -> Sandbox:
+        return sandbox.rooted_at(cwd, writable=writable)
+
+    timeout = settings.mcp.start_timeout
+    with McpConnections(settings.mcp_servers, home=home, start_timeout=timeout, confine=confine) as servers:
         servers.wait_settled(timeout=settings.mcp.start_timeout + 1)
         sys.stdout.write("\n".join(describe(servers)) + "\n")
     return EXIT_OK

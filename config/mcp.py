@@ -40,6 +40,11 @@ class McpServerSettings(_Section):
     timeout: float | None = Field(default=None, gt=0)
     tools: McpToolFilter = McpToolFilter()
     approval: Literal["allow", "ask", "deny"] = "ask"
+    #: A stdio server runs in the agent's sandbox (reads the machine, writes its cwd and temp); `off`
+    #: runs it unconfined, which the agent says when it starts.
+    sandbox: Literal["workspace-write", "off"] = "workspace-write"
+    #: More places it may write in its sandbox (a cache: `~/.npm` for `npx`), beside `sandbox.writable`.
+    writable: list[str] = []
     literal: bool = False  # no `${NAME}` from mibyan's environment (an editor's servers: see mibyan acp)
 
     @field_validator("url")
@@ -57,6 +62,10 @@ class McpServerSettings(_Section):
             raise ValueError("args, env and cwd are for a command; a url server takes headers")
         if self.command is not None and self.headers:
             raise ValueError("headers are for a url server; a command takes env")
+        if self.url is not None and {"sandbox", "writable"} & self.model_fields_set:
+            raise ValueError(
+                "sandbox and writable are for a command mibyan starts; a url server runs elsewhere"
+            )
         return self
 
     @property

@@ -218,6 +218,15 @@ class AgentInstance:
                 "(with bubblewrap each agent has its own)"
             )
             warning = f"{warning}; {shared}" if warning else shared
+        configured = self.settings.mcp_servers
+        off = [
+            name
+            for name in self.entry.mcp_servers
+            if name in configured and configured[name].sandbox == "off"
+        ]
+        if off:
+            outside = f"MCP servers {', '.join(map(repr, off))} run outside the sandbox (sandbox: off)"
+            warning = f"{warning}; {outside}" if warning else outside
         return warning
 
     @property
@@ -293,9 +302,11 @@ class AgentInstance:
         """The MCP servers all of this agent's runs share: started once (with its first run, in the
         background), stopped by close(), rather than once per message.
 
-        Only the servers its entry names (`mcp_servers: [files]`): a server's tools are not confined by
-        the judge or the sandbox, and whoever talks to the agent reaches them. An isolated agent gets
-        none (check() refuses one naming any): a server runs outside the sandbox.
+        Only the servers its entry names (`mcp_servers: [files]`): whoever talks to the agent reaches
+        their tools. A stdio server runs in the agent's sandbox: it writes only the workspace (and the
+        agent's temp), sees none of the home but the agent's folder, and reads none of the secrets; one
+        with `sandbox: off` runs unconfined (check() says so). An isolated agent gets none (check()
+        refuses one naming any): its fresh filesystem holds no server program.
         """
         from mibyan.tools.mcp_connections import McpConnections
 
@@ -305,7 +316,14 @@ class AgentInstance:
                 named = () if self.entry.isolation.enabled else self.entry.mcp_servers
                 servers = {name: configured[name] for name in named if name in configured}
                 timeout = self.settings.mcp.start_timeout
-                connections = McpConnections(servers, home=self.home, start_timeout=timeout, cwd=self.workdir)
+                connections = McpConnections(
+                    servers,
+                    home=self.home,
+                    start_timeout=timeout,
+                    cwd=self.workdir,
+                    # its workspace only, whatever the server's cwd
+                    confine=lambda _cwd, writable: self.sandbox().rooted_at(self.workdir, writable=writable),
+                )
                 self._mcp.append(connections)
             return self._mcp[0]
 

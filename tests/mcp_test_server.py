@@ -8,6 +8,7 @@ import contextlib
 import os
 import socket
 import threading
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -79,8 +80,15 @@ def build_server(record: Record | None = None) -> MCPServer:
 
     @server.tool(annotations=read_only)
     def pid() -> str:
-        """The server's process id."""
+        """The server's process id (in its sandbox's own PID namespace, where it has one)."""
         return str(os.getpid())
+
+    started = uuid.uuid4().hex
+
+    @server.tool(annotations=read_only)
+    def instance() -> str:
+        """A name of this start of the server: two calls answered by one process give the same."""
+        return started
 
     @server.tool(annotations=read_only)
     def variable(name: str) -> str:

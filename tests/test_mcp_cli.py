@@ -38,6 +38,26 @@ def tagged_processes(tag: str) -> list[int]:
     return found
 
 
+def tagged_servers(tag: str) -> list[int]:
+    """The tagged processes that are servers, not the bubblewrap each runs in."""
+    return [pid for pid in tagged_processes(tag) if _program_of(pid) != "bwrap"]
+
+
+def _program_of(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
+def in_a_hidden_home(*paths: Path) -> bool:
+    """Whether a path is inside the user's home, which a gateway agent's sandbox hides (so a server
+    program there cannot start in it)."""
+    from mibyan.tools.path_policy import user_homes
+
+    return any(home == path or home in path.parents for home in user_homes() for path in paths)
+
+
 def write_config(home: Path, servers: dict[str, Any]) -> None:
     config = {"agent": {"api_max_retries": 0}, "mcp_servers": servers}
     (home / "config.yaml").write_text(json.dumps(config))  # JSON is YAML
@@ -113,7 +133,7 @@ def test_no_server_outlives_a_killed_cli(server: ScriptedServer, home: Path) -> 
         start_new_session=True,  # its own process group, killed whole below
     )
     try:
-        servers = wait_until(lambda: len(tagged_processes(tag)) == 2)
+        servers = wait_until(lambda: len(tagged_servers(tag)) == 2)
     finally:
         os.killpg(cli.pid, signal.SIGKILL)
         cli.wait(30)
@@ -124,23 +144,27 @@ def test_a_gateway_agents_runs_share_one_server_stopped_with_the_gateway(
     server: ScriptedServer, home: Path, start_gateway: Any
 ) -> None:
     tag = uuid.uuid4().hex
-    mcp = {"py": {"command": sys.executable, "args": [str(SERVER_SCRIPT)], "env": {"MIBYAN_TEST_TAG": tag}}}
+    mcp: dict[str, Any] = {
+        "py": {"command": sys.executable, "args": [str(SERVER_SCRIPT)], "env": {"MIBYAN_TEST_TAG": tag}}
+    }
+    if in_a_hidden_home(Path(sys.executable).resolve(), SERVER_SCRIPT.resolve()):
+        mcp["py"]["sandbox"] = "off"  # what this test is about is the sharing, not the confinement
     agent = {"id": "meepa", "default": True, "provider": "local", "mcp_servers": ["py"]}
-    agent["tools"] = {"allow": ["read_file", "mcp__py__pid"]}  # all it is offered, MCP tools included
+    agent["tools"] = {"allow": ["read_file", "mcp__py__instance"]}  # all it is offered, MCP tools included
     write_gateway_config(home, {"local": server.base_url}, [agent], extra={"mcp_servers": mcp})
     for _ in ("ann", "ben"):
-        server.add(Reply(tool_calls=[("mcp__py__pid", {})]), Reply(text="done"))
+        server.add(Reply(tool_calls=[("mcp__py__instance", {})]), Reply(text="done"))
     with start_gateway(home) as gateway:
         for channel in ("ann", "ben"):
             gateway.client().chat.completions.create(
                 model="meepa", messages=[{"role": "user", "content": "pid?"}], user=channel
             )
-        running = tagged_processes(tag)
+        running = tagged_servers(tag)
         assert gateway.terminate() == 0
-    pids = [m["content"] for r in server.requests for m in r.body["messages"] if m["role"] == "tool"]
-    assert len(pids) == 2 and pids[0] == pids[1] == str(running[0]) and len(running) == 1
+    started = [m["content"] for r in server.requests for m in r.body["messages"] if m["role"] == "tool"]
+    assert len(started) == 2 and started[0] == started[1] and len(running) == 1
     offered = [{tool["function"]["name"] for tool in r.body["tools"]} for r in server.requests]
-    assert offered[0] == offered[2] == {"read_file", "mcp__py__pid"}
+    assert offered[0] == offered[2] == {"read_file", "mcp__py__instance"}
     assert wait_until(lambda: not tagged_processes(tag))
 
 
@@ -157,3 +181,79 @@ def test_a_server_that_cannot_start_is_named_by_every_run_not_only_the_first(
         named = [line for line in done.stderr.splitlines() if "MCP server 'broken' is left out" in line]
         assert len(named) == 1, (run, done.stderr)
         assert "no-such-server: not found" in named[0]
+
+
+def _confined() -> bool:
+    from mibyan.tools.sandbox import detect_backend
+
+    return detect_backend() != "none"
+
+
+needs_servers_and_a_sandbox = pytest.mark.skipif(
+    not (FILESYSTEM.exists() and _confined()),
+    reason="needs the npm reference servers (npm ci --prefix tests/node) and bubblewrap or Landlock",
+)
+
+
+@needs_servers_and_a_sandbox
+def test_a_file_server_writes_where_the_agent_may_and_not_into_mibyans_home(
+    server: ScriptedServer, home: Path, tmp_path: Path
+) -> None:
+    project = tmp_path / "project"
+    project.mkdir()
+    files = {"command": str(FILESYSTEM), "args": [str(project), str(home)], "approval": "allow"}
+    # a server that must write where its sandbox does not let it (a cache, say) fails and is told why
+    needy = {"command": "sh", "args": ["-c", f"mkdir {home}/cache && exec {FILESYSTEM} {project}"]}
+    write_config(home, {"files": files, "loose": {**files, "sandbox": "off"}, "needy": needy})
+    server.add(
+        Reply(
+            tool_calls=[
+                ("mcp__files__write_file", {"path": str(project / "notes.md"), "content": "kept"}),
+                ("mcp__files__write_file", {"path": str(home / "config.yaml"), "content": "yolo: true"}),
+            ]
+        ),
+        Reply(text="done"),
+    )
+    done = run_cli("chat", "-q", "write", "--base-url", server.base_url, home=home, cwd=project)
+    assert done.returncode == 0, done.stderr
+    wrote, refused = [m["content"] for m in server.requests[1].body["messages"] if m["role"] == "tool"]
+    assert "Successfully wrote" in wrote and (project / "notes.md").read_text() == "kept"
+    assert "Successfully" not in refused and "yolo" not in (home / "config.yaml").read_text()
+    # the server that opted out is said to run unconfined, once, at the start
+    assert done.stderr.count("MCP servers 'loose' run outside the sandbox (sandbox: off)") == 1
+    [needy_line] = [line for line in done.stderr.splitlines() if "MCP server 'needy' is left out" in line]
+    assert f"lets it write only in {project}" in needy_line and "writable: [...]" in needy_line
+
+
+@needs_servers_and_a_sandbox
+@pytest.mark.skipif(
+    in_a_hidden_home(ROOT.resolve()), reason="the clone is in the user's home, which a gateway hides"
+)
+def test_a_gateway_agents_file_server_writes_its_workspace_only_and_sees_none_of_the_home(
+    server: ScriptedServer, home: Path, start_gateway: Any
+) -> None:
+    workspace = home / "agents" / "meepa" / "workspace"
+    files = {"command": str(FILESYSTEM), "args": [str(workspace), str(home)], "approval": "allow"}
+    agent = {"id": "meepa", "default": True, "provider": "local", "mcp_servers": ["files"]}
+    write_gateway_config(home, {"local": server.base_url}, [agent], extra={"mcp_servers": {"files": files}})
+    server.add(
+        Reply(
+            tool_calls=[
+                ("mcp__files__write_file", {"path": str(workspace / "notes.md"), "content": "kept"}),
+                ("mcp__files__write_file", {"path": str(home / "stolen.txt"), "content": "x"}),
+                ("mcp__files__read_text_file", {"path": str(home / "config.yaml")}),
+            ]
+        ),
+        Reply(text="done"),
+    )
+    with start_gateway(home) as gateway:
+        gateway.client().chat.completions.create(
+            model="meepa", messages=[{"role": "user", "content": "write"}], user="ann"
+        )
+        assert gateway.terminate() == 0
+    wrote, written_outside, read = [
+        m["content"] for m in server.requests[1].body["messages"] if m["role"] == "tool"
+    ]
+    assert "Successfully wrote" in wrote and (workspace / "notes.md").read_text() == "kept"
+    assert "Successfully" not in written_outside and not (home / "stolen.txt").exists()
+    assert "providers" not in read  # the home's config is out of the server's sight

@@ -32,6 +32,7 @@ from mibyan.tools.mcp_cache import Listing, McpTool, ToolCache
 
 if TYPE_CHECKING:
     from mibyan.core.interruptible import InterruptSignal
+    from mibyan.tools.sandbox import Sandbox
 
 log = logging.getLogger("mibyan.mcp")
 
@@ -57,6 +58,7 @@ class ServerState:
     last_failure_named: bool = False  # said already, by a toolset of these connections
     live: bool = False  # `tools` came from the server in this run
     pid: int | None = None
+    confined_in: str | None = None  # where its sandbox lets it write, when it runs in one
     listing: Listing = field(default_factory=Listing)  # tools left out as not valid, a cut list
     settled: concurrent.futures.Future[None] = field(default_factory=concurrent.futures.Future)
     client: Any = None
@@ -87,6 +89,10 @@ class McpConnections:
         env: the environment `${NAME}`s come from, and what a stdio server inherits from.
         cwd: where a stdio server without `cwd:` runs (and a relative `cwd:` is taken from): the
             agent's working directory; the process's when None.
+        confine: the sandbox a stdio server runs in, given the folder it runs in and its `writable:`
+            places (the agent's own rules: it reads the machine and writes that folder, temp and those
+            places; a gateway agent's, its workspace only); None runs the servers unconfined, as does a
+            server's `sandbox: off`.
     """
 
     def __init__(
@@ -97,12 +103,14 @@ class McpConnections:
         start_timeout: float,
         env: Mapping[str, str] | None = None,
         cwd: Path | None = None,
+        confine: Callable[[Path, list[str]], Sandbox] | None = None,
     ) -> None:
         import importlib.util
 
         self._env = dict(os.environ if env is None else env)
         self._home = home
         self._cwd = cwd
+        self._confine = confine
         self._cache = ToolCache(home)
         self.start_timeout = start_timeout
         self.servers = {name: self._state(name, settings) for name, settings in servers.items()}
@@ -234,7 +242,7 @@ class McpConnections:
             except Exception as exc:  # a broken server: reported as one line, the agent goes on without it
                 log.info("MCP server %s failed", state.name, exc_info=exc)  # the user sees one line
                 if state.status == "starting":  # not what its stopping raised, once it failed or was up
-                    self._failed_to_start(state, _describe(exc))
+                    self._failed_to_start(state, _describe(exc) + self._sandbox_hint(state))
             finally:
                 watchdog.cancel()
                 state.client = None
@@ -249,6 +257,17 @@ class McpConnections:
             # failed now, not once its process is stopped (that takes a grace period)
             self._failed_to_start(state, f"did not start within {self.start_timeout:g} s")
             scope.cancel()
+
+    @staticmethod
+    def _sandbox_hint(state: ServerState) -> str:
+        """For a server that started in its sandbox and then failed: what the sandbox allowed, as the
+        likeliest reason (a cache it could not write: npx's ~/.npm), and what to do about it."""
+        if state.pid is None or state.confined_in is None:
+            return ""
+        return (
+            f" (it runs in the sandbox, which lets it write only in {state.confined_in}; its stderr is in "
+            f"logs/mcp.log; give it writable: [...] for what it must write, or sandbox: off)"
+        )
 
     def _failed_to_start(self, state: ServerState, error: str) -> None:
         """Known as broken: the next start neither waits for it nor forgets to name it."""
@@ -303,12 +322,30 @@ class McpConnections:
         where = f"mcp_servers.{state.name}"
         env = {k: self._env[k] for k in INHERITED if k in self._env}
         env.update({k: self._expand(settings, v, f"{where}.env.{k}") for k, v in settings.env.items()})
+        cwd = Path(self._cwd or Path.cwd()) / os.path.expanduser(settings.cwd or ".")
+        sandbox = None
+        if self._confine is not None and settings.sandbox != "off":
+            sandbox = self._confine(cwd, settings.writable)
+            if sandbox.active:
+                state.confined_in = ", ".join(str(p) for p in sandbox.writable_places()) or "no place"
+            if sandbox.temp is not None:
+                env["TMPDIR"] = str(sandbox.temp)  # its own, as the agent's commands have
         return StdioCommand(
             command=os.path.expanduser(settings.command),
             args=tuple(self._expand(settings, a, f"{where}.args") for a in settings.args),
             env=env,
-            cwd=str(Path(self._cwd or Path.cwd()) / os.path.expanduser(settings.cwd or ".")),
+            cwd=str(cwd),
+            sandbox=sandbox,
         )
+
+    def unconfined(self) -> list[str]:
+        """The stdio servers that run outside the sandbox (`sandbox: off`, or no sandbox given)."""
+        return [
+            name
+            for name, state in self.servers.items()
+            if state.settings.transport == "stdio"
+            and (self._confine is None or state.settings.sandbox == "off")
+        ]
 
     def _errlog(self) -> IO[bytes]:
         """Where the servers' stderr goes: `$MIBYAN_HOME/logs/mcp.log` (0600), else nowhere.

@@ -14,13 +14,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import os
+import shutil
 import signal
 import sys
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import anyio
 from mcp.shared.message import SessionMessage
@@ -28,6 +30,9 @@ from mcp_types import jsonrpc_message_adapter
 from pydantic import ValidationError
 
 from mibyan.core.sanitize import visible  # the one output sanitiser: the log is read on a terminal
+
+if TYPE_CHECKING:
+    from mibyan.tools.sandbox import Sandbox
 
 log = logging.getLogger("mibyan.mcp")
 
@@ -52,6 +57,8 @@ class StdioCommand:
     args: tuple[str, ...]
     env: Mapping[str, str]
     cwd: str | None
+    #: Where it runs confined (its cwd and temp writable), or None: unconfined (`sandbox: off`).
+    sandbox: Sandbox | None = None
 
 
 def _parent_death_signal() -> Callable[[], None] | None:
@@ -164,19 +171,56 @@ async def stop_process(process: asyncio.subprocess.Process, *, grace: float = EX
         os.killpg(process.pid, signal.SIGKILL)  # what it started and left behind in its group
 
 
+def _before_exec(*steps: Callable[[], None] | None) -> Callable[[], None] | None:
+    """One pre-exec function running `steps` in order (the parent-death signal, then Landlock)."""
+    chosen = [step for step in steps if step is not None]
+    if not chosen:
+        return None
+
+    def run() -> None:
+        for step in chosen:
+            step()
+
+    return run
+
+
+def _program(spec: StdioCommand) -> str:
+    """The server's program as exec would find it, so that one that cannot start fails as it would
+    unconfined (FileNotFoundError, PermissionError), not as a sandbox that started and then could not.
+
+    Raises:
+        OSError: not found, or not executable.
+    """
+    where = os.path.join(spec.cwd or ".", spec.command) if os.sep in spec.command else None
+    found = where if where is not None else shutil.which(spec.command, path=spec.env.get("PATH", os.defpath))
+    if found is None or not os.path.exists(found):
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), spec.command)
+    if os.path.isdir(found) or not os.access(found, os.X_OK):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), spec.command)
+    return os.path.abspath(found)
+
+
 async def _spawn(spec: StdioCommand) -> asyncio.subprocess.Process:
-    return await asyncio.create_subprocess_exec(
-        spec.command,
-        *spec.args,
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        env=dict(spec.env),
-        cwd=spec.cwd,
-        start_new_session=True,
-        preexec_fn=_parent_death_signal(),
-        limit=LINE_LIMIT,
-    )
+    argv = [spec.command, *spec.args]
+    launch = None
+    if spec.sandbox is not None:
+        launch = spec.sandbox.launch([_program(spec), *spec.args], cwd=spec.cwd)
+    try:
+        return await asyncio.create_subprocess_exec(
+            *(launch.argv if launch is not None else argv),
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=dict(spec.env),
+            cwd=spec.cwd,
+            start_new_session=True,
+            preexec_fn=_before_exec(_parent_death_signal(), launch.preexec if launch is not None else None),
+            pass_fds=launch.pass_fds if launch is not None else (),
+            limit=LINE_LIMIT,
+        )
+    finally:
+        if launch is not None:
+            launch.cleanup()
 
 
 @contextlib.asynccontextmanager

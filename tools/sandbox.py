@@ -180,6 +180,27 @@ class Sandbox:
         if mode != "off" and self.backend == "bubblewrap" and not _bwrap():
             raise ConfigError("sandbox.backend: bubblewrap: bwrap is not installed (package bubblewrap)")
 
+    def rooted_at(self, workdir: str | Path, *, writable: Iterable[str | Path] = ()) -> Sandbox:
+        """The same rules for a process started in another folder: that folder is the writable one (an
+        MCP server's `cwd:`, say; `.mibyan/` there is held read-only too), with `writable` places more."""
+        more = tuple(_resolved(p, self.workdir) for p in writable)
+        if Path(workdir).resolve() == self.workdir and not more:
+            return self
+        return Sandbox(
+            self.mode,
+            workdir,
+            writable=(*self.writable, *more),
+            network=self.network,
+            writable_git=self.writable_git,
+            protected=self.protected[:-1],  # the last is the old working directory's .mibyan/
+            backend=self.backend,
+            hidden=self.hidden,
+            visible=self.visible,
+            isolated=self.isolated,
+            temp=self.temp,
+            masked=self.masked,
+        )
+
     @property
     def active(self) -> bool:
         """Whether commands are confined at all."""
