@@ -27,6 +27,14 @@ TOKEN = "test-gateway-token"
 _URL = re.compile(r"mibyan gateway: (\S+) \((\w+)\) on (\S+)")
 
 
+def in_a_hidden_home(*paths: Path) -> bool:
+    """Whether a path is inside the user's home, which a gateway agent's sandbox hides (so a server
+    program there cannot start in it)."""
+    from mibyan.tools.path_policy import user_homes
+
+    return any(home == path or home in path.parents for home in user_homes() for path in paths)
+
+
 def write_config(
     home: Path,
     providers: dict[str, str],

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from gatewaying import TOKEN, write_config
+from gatewaying import TOKEN, in_a_hidden_home, write_config
 from loopback import Reply, ScriptedServer
 from sandboxing import needs_bwrap
 from test_gateway import MEEPA, ask
@@ -111,7 +111,10 @@ def test_an_isolated_agents_commands_reach_only_its_workspace_and_no_network_and
         {"id": "iso", "provider": "local", "isolation": {"enabled": True}},
         {"id": "bob", "provider": "local"},
     ]
-    mcp = {"py": {"command": sys.executable, "args": [str(SERVER_SCRIPT)], "approval": "allow"}}
+    py: dict[str, Any] = {"command": sys.executable, "args": [str(SERVER_SCRIPT)], "approval": "allow"}
+    mcp = {"py": py}
+    if in_a_hidden_home(Path(sys.executable).resolve(), SERVER_SCRIPT.resolve()):
+        py["sandbox"] = "off"  # a server program in the hidden home cannot start in the sandbox
     write_config(home, {"local": server.base_url}, agents, extra={"mcp_servers": mcp})
 
     def probe(name: str) -> str:
@@ -144,7 +147,7 @@ def test_an_isolated_agents_commands_reach_only_its_workspace_and_no_network_and
     offered = [{tool["function"]["name"] for tool in server.requests[i].body["tools"]} for i in (0, 2, 4)]
     assert "web_fetch" not in offered[0] and "web_fetch" in offered[1]  # no network from outside it either
     assert "mcp__py__note" in offered[1]  # the one agent that names the server
-    assert "mcp__py__note" not in offered[0] | offered[2]  # MCP servers run outside any sandbox
+    assert "mcp__py__note" not in offered[0] | offered[2]  # an isolated agent names none
     assert (home / "agents" / "iso" / "workspace" / "in.txt").read_text() == "inside\n"
     assert not any((tmp_path / f"escape-{name}.txt").exists() for name in ("iso", "meepa"))
     assert "the host's file" not in isolated + plain and "the host's file" in plain_read

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from conftest import ROOT, run_cli, wait_until
+from gatewaying import in_a_hidden_home
 from gatewaying import write_config as write_gateway_config
 from loopback import Reply, ScriptedServer
 
@@ -48,14 +49,6 @@ def _program_of(pid: int) -> str:
         return Path(f"/proc/{pid}/comm").read_text().strip()
     except OSError:
         return ""
-
-
-def in_a_hidden_home(*paths: Path) -> bool:
-    """Whether a path is inside the user's home, which a gateway agent's sandbox hides (so a server
-    program there cannot start in it)."""
-    from mibyan.tools.path_policy import user_homes
-
-    return any(home == path or home in path.parents for home in user_homes() for path in paths)
 
 
 def write_config(home: Path, servers: dict[str, Any]) -> None:
