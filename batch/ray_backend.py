@@ -3,10 +3,16 @@
 Each actor runs one task at a time with a fraction of a CPU (an agent run waits on the network), in
 threads so that an interrupt reaches the agent it runs. Ray retries nothing (`max_restarts=0`,
 `max_task_retries=0`): a task whose actor died has no line and runs again with the next run, by its id.
+
+Ray queues a task sent to an actor it has not placed, for as long as the actor is not placed: a fixed
+quarter of a CPU for 16 actors on a 2-CPU machine left 8 of them unplaced for good, each holding the one
+task sent to it (the run stalled at 992/1,000). So an actor's share is cut to what lets all `--workers`
+fit on the cluster, and a task goes only to an actor that has answered `ready` (and not to one that died).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -41,6 +47,10 @@ class TaskActor:
         self.health = ProviderHealth()
         self.stopping = False
 
+    def ready(self) -> bool:
+        """Answers once the actor is placed and built: only then is a task sent to it."""
+        return True
+
     def run(self, task: Task, worker: int) -> Outcome | None:
         return run_task(
             task,
@@ -55,6 +65,17 @@ class TaskActor:
     def interrupt(self) -> None:
         self.stopping = True
         self.running.interrupt_all()
+
+
+def cpu_per_actor(cluster_cpus: float, actors: int) -> float:
+    """A quarter of a CPU, or less where the cluster's CPUs could not hold `actors` quarters.
+
+    Ray counts resources in steps of 1/10,000: the share is rounded down to one, at least one step. A
+    cluster with no CPU yet (its workers still to join) gets quarters.
+    """
+    if cluster_cpus <= 0 or actors <= 0:
+        return _CPU_PER_ACTOR
+    return min(_CPU_PER_ACTOR, max(1, math.floor(cluster_cpus * 10_000 / actors)) / 10_000)
 
 
 def run_ray(
@@ -79,11 +100,14 @@ def run_ray(
     for sig, handler in ours.items():  # Ray's driver sets handlers of its own: a Ctrl-C stays the batch's
         signal.signal(sig, handler)
     try:
+        count = min(workers, len(tasks))
+        resources: Any = ray.cluster_resources  # untyped in Ray
+        share = cpu_per_actor(float(resources().get("CPU", 0)), count)
         remote: Any = ray.remote  # its overloads do not list the options of an actor class
-        actor_class: Any = remote(
-            num_cpus=_CPU_PER_ACTOR, max_concurrency=2, max_restarts=0, max_task_retries=0
-        )(TaskActor)
-        actors = [actor_class.remote(config, str(out)) for _ in range(min(workers, len(tasks)))]
+        actor_class: Any = remote(num_cpus=share, max_concurrency=2, max_restarts=0, max_task_retries=0)(
+            TaskActor
+        )
+        actors = [actor_class.remote(config, str(out)) for _ in range(count)]
         _drive(ray, actors, tasks, recorder, stop, run, tick)
     finally:
         ray.shutdown()
@@ -100,7 +124,8 @@ def _drive(
 ) -> None:
     todo = list(reversed(tasks))
     in_flight: dict[Any, int] = {}
-    idle = list(range(len(actors)))
+    starting = {actor.ready.remote(): worker for worker, actor in enumerate(actors)}
+    idle: list[int] = []
     interrupted = False
     while todo or in_flight:
         if recorder.over_budget():
@@ -113,17 +138,33 @@ def _drive(
             interrupted = True
             for actor in actors:
                 actor.interrupt.remote()
-        if not in_flight:
-            break
-        ready, rest = ray.wait(list(in_flight), num_returns=1, timeout=0.1)
+        if not in_flight and (stop() or not starting):
+            break  # nothing runs, and nothing will: stopped, or every actor died
+        waiting = [*in_flight, *starting]
+        ready, rest = ray.wait(waiting, num_returns=1, timeout=0.1)
         if ready and rest:  # and every other one done by now, without waiting for them
             ready += ray.wait(rest, num_returns=len(rest), timeout=0)[0]
         tick()
         for ref in ready:
-            worker = in_flight.pop(ref)
-            try:
-                outcome = ray.get(ref)
-            except ray.exceptions.RayError:
-                outcome = None  # the actor died: no line; the task runs again next time
-            recorder.record(worker, outcome, run=run)
-            idle.append(worker)
+            if ref in starting:
+                _started(ray, ref, starting.pop(ref), idle)
+            else:
+                _finished(ray, ref, in_flight.pop(ref), idle, recorder, run)
+
+
+def _started(ray: Any, ref: Any, worker: int, idle: list[int]) -> None:
+    try:
+        ray.get(ref)
+    except ray.exceptions.RayError:
+        return  # it could not start: no task goes to it
+    idle.append(worker)
+
+
+def _finished(ray: Any, ref: Any, worker: int, idle: list[int], recorder: Recorder, run: int) -> None:
+    try:
+        outcome = ray.get(ref)
+    except ray.exceptions.RayError:
+        recorder.record(worker, None, run=run)  # the actor died: no line; the task runs again next time
+        return  # and the dead actor gets no other task
+    recorder.record(worker, outcome, run=run)
+    idle.append(worker)

@@ -12,7 +12,6 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import pytest
 from conftest import ROOT, run_cli, wait_until
 from loopback import Reply, ScriptedServer
 
@@ -211,24 +210,6 @@ def test_backend_ray_without_ray_installed_is_one_line_and_exit_2(
         == "mibyan: --backend ray needs Ray: pip install 'mibyan[ray]' (or use the default --backend local)\n"
     )
     assert server.requests == []
-
-
-def test_the_ray_backend_gives_the_results_of_the_local_one(
-    server: ScriptedServer, home: Path, tmp_path: Path
-) -> None:
-    pytest.importorskip("ray", reason="Ray is not installed (pip install 'mibyan[ray]')")
-    server.default = lambda body: Reply(text="answer to " + body["messages"][-1]["content"])
-    tasks = _write_tasks(tmp_path / "t.jsonl", [{"prompt": f"task {n % 3}"} for n in range(6)])
-    outcomes = {}
-    for backend in ("local", "ray"):
-        out = tmp_path / backend
-        done = _batch(server, home, "run", str(tasks), "--out", str(out), "--backend", backend, "-Q")
-        assert done.returncode == 0, done.stderr
-        outcomes[backend] = {
-            line["task_id"]: (line["disposition"], line["final_response"]) for line in _results(out)
-        }
-        assert len(list((out / "trajectories").glob("part-*.jsonl"))) >= 1
-    assert outcomes["ray"] == outcomes["local"] and len(outcomes["local"]) == 6
 
 
 def test_a_result_left_without_its_trajectory_gets_it_from_the_store_at_the_next_run(
