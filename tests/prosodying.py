@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import ipaddress
 import os
 import socket
 import subprocess
@@ -62,7 +63,8 @@ def make_certificates(folder: Path) -> Path:
         .sign(ca_key, hashes.SHA256())
     )
     key = ec.generate_private_key(ec.SECP256R1())
-    names = [x509.DNSName(name) for name in (DOMAIN, ROOMS, f"upload.{DOMAIN}")]
+    names: list[x509.GeneralName] = [x509.DNSName(name) for name in (DOMAIN, ROOMS, f"upload.{DOMAIN}")]
+    names.append(x509.IPAddress(ipaddress.ip_address("127.0.0.1")))  # servers the tests reach by address
     certificate = (
         x509.CertificateBuilder()
         .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, DOMAIN)]))

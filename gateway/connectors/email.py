@@ -29,6 +29,7 @@ from mibyan.gateway.connectors import inbox
 from mibyan.gateway.connectors.base import Destination, InboundEvent, Limits, SendResult, SendStatus
 from mibyan.gateway.connectors.chat import ChatCore
 from mibyan.gateway.connectors.email_wire import GONE, Cursor, CursorFile, Mailbox, check_email, send_mail
+from mibyan.gateway.connectors.xmpp_setup import ca_path
 from mibyan.gateway.ledger import Reply
 from mibyan.gateway.runner import Gateway
 from mibyan.gateway.work import ShuttingDown
@@ -60,7 +61,8 @@ class EmailConnector:
         self.folder = gateway.home / "connectors" / settings.name
         self.cursor_file = CursorFile(self.folder)
         self.cursor: Cursor | None = None
-        self.box = Mailbox(settings.imap, self.username, self._password)
+        self.ca_file = ca_path(settings, gateway.home)
+        self.box = Mailbox(settings.imap, self.username, self._password, self.ca_file)
         self._imap_thread = ThreadPoolExecutor(1, thread_name_prefix=f"mibyan-imap-{settings.name}")
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
@@ -237,7 +239,7 @@ class EmailConnector:
         )
         assert self.settings.smtp is not None
         send = functools.partial(
-            send_mail, self.settings.smtp, self.username, self._password, reply, self.address
+            send_mail, self.settings.smtp, self.username, self._password, reply, self.address, self.ca_file
         )
         return await asyncio.get_running_loop().run_in_executor(None, send)
 

@@ -88,15 +88,26 @@ class CursorFile:
         write_private(self.path, json.dumps(cursor.__dict__).encode())
 
 
-def _context() -> ssl.SSLContext:
-    return ssl.create_default_context()
+def _context(ca_file: Path | None) -> ssl.SSLContext:
+    """The system's trust, or only `ca_file`'s (a self-signed server) when the connector names one."""
+    return ssl.create_default_context(cafile=str(ca_file) if ca_file else None)
+
+
+def untrusted(side: str, server: MailServer, exc: ssl.SSLCertVerificationError) -> ConfigError:
+    """The one line a server whose certificate we do not trust is refused with."""
+    why = exc.verify_message or exc.reason or str(exc)
+    return ConfigError(
+        f"the {side} server {server.host}:{server.port} presented a certificate that is not trusted "
+        f"({why}); set ca_file: to the CA that signed it"
+    )
 
 
 class Mailbox:
     """One IMAP connection to INBOX (blocking: used from one worker thread at a time)."""
 
-    def __init__(self, server: MailServer, username: str, password: str) -> None:
+    def __init__(self, server: MailServer, username: str, password: str, ca_file: Path | None) -> None:
         self.server = server
+        self.ca_file = ca_file
         self.username = username
         self.password = password
         self.imap: imaplib.IMAP4 | None = None
@@ -110,14 +121,10 @@ class Mailbox:
         """Log in and select INBOX (UIDVALIDITY and UIDNEXT read)."""
         self.close()
         server = self.server
-        if server.tls == "ssl":
-            imap: imaplib.IMAP4 = imaplib.IMAP4_SSL(
-                server.host, server.port, ssl_context=_context(), timeout=TIMEOUT
-            )
-        else:
-            imap = imaplib.IMAP4(server.host, server.port, timeout=TIMEOUT)
-            if server.tls == "starttls":
-                imap.starttls(_context())
+        try:
+            imap = self._open()
+        except ssl.SSLCertVerificationError as exc:
+            raise untrusted("IMAP", server, exc) from None
         try:
             imap.login(self.username, self.password)
         except imaplib.IMAP4.error as exc:
@@ -130,6 +137,20 @@ class Mailbox:
             raise imaplib.IMAP4.abort("INBOX cannot be selected")
         self.uidvalidity = int(_untagged(imap, "UIDVALIDITY") or 0)
         self.uidnext = int(_untagged(imap, "UIDNEXT") or 0) or self._uidnext()
+
+    def _open(self) -> imaplib.IMAP4:
+        server = self.server
+        if server.tls == "ssl":
+            context = _context(self.ca_file)
+            return imaplib.IMAP4_SSL(server.host, server.port, ssl_context=context, timeout=TIMEOUT)
+        imap = imaplib.IMAP4(server.host, server.port, timeout=TIMEOUT)
+        if server.tls == "starttls":
+            try:
+                imap.starttls(_context(self.ca_file))
+            except BaseException:
+                imap.shutdown()
+                raise
+        return imap
 
     def _uidnext(self) -> int:
         imap = self._imap()
@@ -225,25 +246,32 @@ def _untagged(imap: imaplib.IMAP4, name: str) -> str | None:
 
 
 def send_mail(
-    server: MailServer, username: str, password: str, mail: EmailMessage, sender: str
+    server: MailServer,
+    username: str,
+    password: str,
+    mail: EmailMessage,
+    sender: str,
+    ca_file: Path | None = None,
 ) -> SendResult:
     """Send one mail (blocking); how it went, as the chat contract reports it."""
     recipients = [str(mail["To"])]
     try:
         if server.tls == "ssl":
             client: smtplib.SMTP = smtplib.SMTP_SSL(
-                server.host, server.port, timeout=TIMEOUT, context=_context()
+                server.host, server.port, timeout=TIMEOUT, context=_context(ca_file)
             )
         else:
             client = smtplib.SMTP(server.host, server.port, timeout=TIMEOUT)
         with client:
             client.ehlo()
             if server.tls == "starttls":
-                client.starttls(context=_context())
+                client.starttls(context=_context(ca_file))
                 client.ehlo()
             if client.has_extn("auth"):
                 client.login(username, password)
             refused = client.send_message(mail, from_addr=sender, to_addrs=recipients)
+    except ssl.SSLCertVerificationError as exc:  # nothing was sent: the server was never trusted
+        return SendResult(SendStatus.FAILED, detail=str(untrusted("SMTP", server, exc)))
     except (smtplib.SMTPRecipientsRefused, smtplib.SMTPSenderRefused, smtplib.SMTPAuthenticationError) as exc:
         return SendResult(SendStatus.FAILED, detail=str(exc))
     except smtplib.SMTPResponseException as exc:
