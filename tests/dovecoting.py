@@ -53,10 +53,19 @@ def _runs_as() -> pwd.struct_passwd:
     return pwd.getpwnam("nobody") if os.geteuid() == 0 else pwd.getpwuid(os.geteuid())
 
 
-class Dovecot:
-    """One Dovecot; `restart` keeps its mail, users and ports."""
+#: Dovecot 2.3's IMAP capabilities without IDLE: a server that must be polled
+_NO_IDLE = (
+    "IMAP4rev1 LITERAL+ SASL-IR LOGIN-REFERRALS ID ENABLE SORT THREAD=REFERENCES MULTIAPPEND UNSELECT "
+    "CHILDREN NAMESPACE UIDPLUS LIST-EXTENDED I18NLEVEL=1 CONDSTORE QRESYNC ESEARCH ESORT SEARCHRES WITHIN "
+    "CONTEXT=SEARCH LIST-STATUS BINARY MOVE SPECIAL-USE"
+)
 
-    def __init__(self) -> None:
+
+class Dovecot:
+    """One Dovecot; `restart` keeps its mail, users and ports; `idle=False`: one that offers no IDLE."""
+
+    def __init__(self, *, idle: bool = True) -> None:
+        self.idle = idle
         self.user = _runs_as()
         # root's temp folders are closed to `nobody`: Dovecot's own folder is made where it can reach it
         self.folder = Path(
@@ -79,6 +88,7 @@ class Dovecot:
 
     def _config(self) -> str:
         d, user, group = self.folder, self.user.pw_name, _group_name(self.user.pw_gid)
+        no_idle = "" if self.idle else "protocol imap {\n  imap_capability = " + _NO_IDLE + "\n}"
         return f"""
 base_dir = {d}/run
 state_dir = {d}/state
@@ -126,6 +136,7 @@ service lmtp {{
 service auth {{
   chroot =
 }}
+{no_idle}
 service anvil {{
   chroot =
 }}

@@ -348,3 +348,29 @@ def test_a_server_whose_certificate_is_not_trusted_is_refused_with_one_line(
     )
     assert "set ca_file:" in done.stderr
     assert server.requests == []
+
+
+@pytest.fixture(scope="module")
+def polled() -> Iterator[tuple[Dovecot, Relay, MailUser]]:
+    """A Dovecot that offers no IDLE, its relay and its alice: the connector has to ask."""
+    dovecot = Dovecot(idle=False)
+    relay = Relay(dovecot)
+    yield dovecot, relay, MailUser(dovecot, relay, "alice")
+    relay.stop()
+    dovecot.remove()
+
+
+def test_a_server_without_idle_is_polled_and_each_mail_answered_once(
+    home: Path, server: ScriptedServer, polled: tuple[Dovecot, Relay, MailUser]
+) -> None:
+    dovecot, relay, alice = polled
+    bot = new_bot(dovecot)
+    with start(home, server, dovecot, relay, bot, poll_seconds=0.2):
+        alice.send(bot, "Polled", "are you there")
+        wait_replies(alice, bot, 1)
+        alice.send(bot, "Again", "still there")
+        got = wait_replies(alice, bot, 2)
+    assert [text(mail) for mail in got] == ["echo 1: are you there", "echo 1: still there"]
+    assert len(server.requests) == 2
+    log = (home / "logs" / "gateway.log").read_text()
+    assert f"127.0.0.1:{dovecot.imap_port} offers no IDLE: asking for new mail every 0.2 s" in log

@@ -88,6 +88,13 @@ class EmailConnector:
             ) from exc
         except ConfigError as exc:
             raise ConfigError(f"connector '{self.name}': {exc}") from exc
+        if not self.box.has_idle:
+            log.info(
+                "%s: %s offers no IDLE: asking for new mail every %g s",
+                self.name,
+                self.url,
+                self.settings.poll_seconds,
+            )
         self._follow_resumed()
         await self._catch_up()
         self._task = asyncio.create_task(self._run())

@@ -131,7 +131,7 @@ class Mailbox:
             imap.shutdown()
             raise ConfigError(f"the IMAP server refused the login of {self.username}: {exc}") from None
         self.imap = imap
-        self.has_idle = "IDLE" in imap.capabilities
+        self.has_idle = "IDLE" in _capabilities(imap)
         status, _ = imap.select("INBOX")
         if status != "OK":
             raise imaplib.IMAP4.abort("INBOX cannot be selected")
@@ -237,6 +237,13 @@ class Mailbox:
                 imap.sock.shutdown(socket.SHUT_RDWR)
             with contextlib.suppress(OSError):
                 imap.shutdown()
+
+
+def _capabilities(imap: imaplib.IMAP4) -> set[str]:
+    """What the server offers once logged in (it may differ from what it said before the login)."""
+    status, data = imap.capability()
+    words = b" ".join(d for d in data if isinstance(d, bytes)).decode(errors="replace").upper().split()
+    return set(words) if status == "OK" and words else {c.upper() for c in imap.capabilities}
 
 
 def _untagged(imap: imaplib.IMAP4, name: str) -> str | None:
