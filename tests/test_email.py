@@ -374,3 +374,41 @@ def test_a_server_without_idle_is_polled_and_each_mail_answered_once(
     assert len(server.requests) == 2
     log = (home / "logs" / "gateway.log").read_text()
     assert f"127.0.0.1:{dovecot.imap_port} offers no IDLE: asking for new mail every 0.2 s" in log
+
+
+def test_a_mailbox_renumbered_while_down_answers_only_its_new_unanswered_mail_once(
+    home: Path, server: ScriptedServer, dovecot: Dovecot, relay: Relay, alice: MailUser
+) -> None:
+    import imaplib
+    import time
+
+    bot = new_bot(dovecot)
+    with start(home, server, dovecot, relay, bot) as gateway:
+        first = alice.send(bot, "First", "first")
+        wait_replies(alice, bot, 1)
+        gateway.terminate()
+    # the mailbox restored from a backup while the gateway is down: a new UIDVALIDITY, "First" (answered)
+    # restored as arriving now, a mail from long ago, and then one that really arrives now
+    maildir = dovecot.folder / "mail" / bot
+    for stale in [*maildir.glob("dovecot-uidlist"), *maildir.glob("dovecot.index*"), *maildir.glob("*/*")]:
+        stale.unlink()
+    imap = imaplib.IMAP4("127.0.0.1", dovecot.imap_port, timeout=30)
+    imap.login(bot, PASSWORD)
+    now = imaplib.Time2Internaldate(time.time())
+    assert imap.append("INBOX", "", now, bytes(first))[0] == "OK"
+    old = (
+        f"From: alice@localhost\r\nTo: {bot}\r\nSubject: Old\r\nMessage-ID: <old@client.test>\r\n\r\nold\r\n"
+    )
+    long_ago = imaplib.Time2Internaldate(time.time() - 86_400 * 30)
+    assert imap.append("INBOX", "", long_ago, old.encode())[0] == "OK"
+    imap.logout()
+    alice.send(bot, "New", "new while down")
+    assert wait_until(lambda: any("New" in str(m["Subject"]) for m in relay.sent_to(bot)))
+    with restart(home) as again:
+        alice.send(bot, "After", "after")  # admitted after what came while down: nothing else is coming
+        wait_replies(alice, bot, 3)
+        again.terminate()  # what it was sending is sent: a repeat would be in the mailbox now
+    got = replies_to(alice, bot)
+    assert sorted(text(mail) for mail in got) == ["echo 1: after", "echo 1: first", "echo 1: new while down"]
+    assert len(server.requests) == 3
+    assert "UIDVALIDITY changed" in (home / "logs" / "gateway.log").read_text()

@@ -3,7 +3,9 @@
 Each new mail of INBOX (UID above the cursor) is admitted to the ledger first, and only then does the
 cursor (UIDVALIDITY, last UID) move past it, so a crash re-reads what was not admitted and the ledger's
 per-Message-ID dedupe runs a re-read mail once. The first start takes UIDNEXT as it is and answers
-nothing older; a new UIDVALIDITY (the mailbox rebuilt) is taken the same way, never answered again.
+nothing older. A new UIDVALIDITY (the mailbox rebuilt or restored) says nothing of which mails are
+new, so the renumbered mails are judged by when they arrived (INTERNALDATE, against the cursor's
+`since`) and by whether the ledger has their Message-ID: what came while down is answered, the rest not.
 New mail is awaited with IDLE where the server has it, else asked for every `poll_seconds`.
 
 Every mail gets exactly one reply (never progress mails), threaded under it, with a Message-ID derived
@@ -17,6 +19,7 @@ import asyncio
 import functools
 import logging
 import os
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from email.message import EmailMessage
@@ -106,14 +109,20 @@ class EmailConnector:
         if kept is not None and kept.uidvalidity == self.box.uidvalidity:
             self.cursor = kept
             return
-        if kept is not None:
+        if kept is None:
+            self.cursor = Cursor(self.box.uidvalidity, self.box.uidnext - 1, time.time())
+        else:
+            # renumbered (rebuilt, restored): the UIDs say nothing now; what arrived since the last
+            # mail passed does, and the ledger knows what was admitted already
             log.warning(
-                "%s: the mailbox's UIDVALIDITY changed (%s to %s): its mails are not answered again",
+                "%s: the mailbox's UIDVALIDITY changed (%s to %s): answering only the mails that arrived "
+                "since %s and were not answered before",
                 self.name,
                 kept.uidvalidity,
                 self.box.uidvalidity,
+                time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(kept.since)),
             )
-        self.cursor = Cursor(self.box.uidvalidity, self.box.uidnext - 1)
+            self.cursor = Cursor(self.box.uidvalidity, 0, kept.since, self.box.uidnext)
         self.cursor_file.save(self.cursor)
 
     def _follow_resumed(self) -> None:
@@ -174,15 +183,21 @@ class EmailConnector:
         """Admit every mail above the cursor, oldest first, moving the cursor after each."""
         assert self.cursor is not None
         for uid in await self._imap(functools.partial(self.box.uids_after, self.cursor.last_uid)):
-            raw = await self._imap(functools.partial(self.box.fetch, uid))
+            fetched = await self._imap(functools.partial(self.box.fetch, uid))
+            cursor = self.cursor
+            since = cursor.since
             try:
-                if raw is not None:
-                    await self._mail(uid, raw)
+                if fetched is not None:
+                    raw, since = fetched
+                    renumbered = uid < cursor.renumbered_below
+                    if not renumbered or since >= cursor.since:
+                        await self._mail(uid, raw, once=renumbered)
+                    since = max(since, cursor.since)
             except (ShuttingDown, *GONE):
                 raise  # not admitted: the cursor stays before it
             except Exception:  # a mail we cannot read must not stop the mailbox for every later one
                 log.exception("%s: mail UID %s could not be read; it is not answered", self.name, uid)
-            self.cursor = Cursor(self.cursor.uidvalidity, uid)
+            self.cursor = Cursor(cursor.uidvalidity, uid, since, cursor.renumbered_below)
             self.cursor_file.save(self.cursor)  # only now: the mail is in the ledger (or never to be)
             await self._imap(functools.partial(self.box.mark_seen, uid))
 
@@ -190,8 +205,9 @@ class EmailConnector:
         domain = "@" + sender.rsplit("@", 1)[-1]
         return "*" in self.allow or sender in self.allow or domain in self.allow
 
-    async def _mail(self, uid: int, raw: bytes) -> None:
-        """Admit one mail if a person on `allow` wrote it."""
+    async def _mail(self, uid: int, raw: bytes, *, once: bool = False) -> None:
+        """Admit one mail if a person on `allow` wrote it (`once`: unless the ledger has its Message-ID:
+        a repeat would get the first one's reply mailed again)."""
         message = mail.parse(raw)
         fallback = f"uid{self.cursor.uidvalidity if self.cursor else 0}.{uid}@{self.url}"
         details = mail.inbound(message, fallback)
@@ -206,6 +222,10 @@ class EmailConnector:
         saved = self._attachments(message, details.message_id)
         if saved:
             text = "\n\n".join([text, *saved]).strip()
+        if once and await asyncio.to_thread(
+            self.gateway.ledger.has_message, self.core.key(details.root), details.message_id
+        ):
+            return
         details.save(self.folder)  # before admission: a reply after a restart must know where it goes
         date = message["Date"]
         when = date.datetime.timestamp() if date is not None and getattr(date, "datetime", None) else 0.0

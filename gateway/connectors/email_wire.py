@@ -16,6 +16,7 @@ import smtplib
 import socket
 import ssl
 import threading
+import time
 from dataclasses import dataclass
 from email.message import EmailMessage
 from pathlib import Path
@@ -65,10 +66,20 @@ def check_email(settings: ConnectorSettings, env: dict[str, str] | os._Environ[s
 
 @dataclass(frozen=True)
 class Cursor:
-    """The mailbox's UIDVALIDITY and the last UID admitted to the ledger."""
+    """Where the connector is in the mailbox.
+
+    Attributes:
+        uidvalidity: the mailbox's UIDVALIDITY.
+        last_uid: the last UID admitted to the ledger (or passed over).
+        since: when the last mail it passed arrived (its INTERNALDATE; at the first start, that start).
+        renumbered_below: after a new UIDVALIDITY, the UIDs below this are the renumbered mailbox: only
+            its mails that arrived at `since` or later, and that the ledger has not seen, are answered.
+    """
 
     uidvalidity: int
     last_uid: int
+    since: float = 0.0
+    renumbered_below: int = 0
 
 
 class CursorFile:
@@ -80,8 +91,11 @@ class CursorFile:
     def read(self) -> Cursor | None:
         try:
             data = json.loads(self.path.read_text())
-            return Cursor(int(data["uidvalidity"]), int(data["last_uid"]))
-        except (OSError, ValueError, TypeError, KeyError):
+            # a cursor kept before `since` was: the file is written after each admission, so its time
+            since = float(data.get("since") or self.path.stat().st_mtime)
+            below = int(data.get("renumbered_below", 0))
+            return Cursor(int(data["uidvalidity"]), int(data["last_uid"]), since, below)
+        except (OSError, ValueError, TypeError, KeyError, AttributeError):
             return None
 
     def save(self, cursor: Cursor) -> None:
@@ -172,14 +186,16 @@ class Mailbox:
         found = [int(n) for n in b" ".join(d for d in data if isinstance(d, bytes)).split()]
         return sorted(n for n in found if n > last)  # `n:*` names the last mail even when it is older
 
-    def fetch(self, uid: int) -> bytes | None:
-        """The whole mail, without marking it seen (None: expunged meanwhile)."""
-        status, data = self._imap().uid("FETCH", str(uid), "(BODY.PEEK[])")
+    def fetch(self, uid: int) -> tuple[bytes, float] | None:
+        """The whole mail and when it arrived (INTERNALDATE), without marking it seen (None: expunged
+        meanwhile)."""
+        status, data = self._imap().uid("FETCH", str(uid), "(INTERNALDATE BODY.PEEK[])")
         if status != "OK":
             raise imaplib.IMAP4.abort(f"UID FETCH failed: {data}")
         for item in data:
             if isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], bytes):
-                return item[1]
+                arrived = imaplib.Internaldate2tuple(item[0]) if isinstance(item[0], bytes) else None
+                return item[1], time.mktime(arrived) if arrived is not None else time.time()
         return None
 
     def mark_seen(self, uid: int) -> None:
