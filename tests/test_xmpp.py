@@ -7,6 +7,7 @@ import itertools
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import wait_until
@@ -57,7 +58,12 @@ def new_bot(prosody: Prosody) -> str:
 
 
 def start(
-    home: Path, server: ScriptedServer, prosody: Prosody, bot: str, rooms: list[str] = ()
+    home: Path,
+    server: ScriptedServer,
+    prosody: Prosody,
+    bot: str,
+    rooms: list[str] = (),
+    gateway: dict[str, Any] | None = None,
 ) -> RunningGateway:
     (home / "ca.pem").write_bytes(prosody.ca_file.read_bytes())
     connector = {
@@ -71,7 +77,7 @@ def start(
         "rooms": list(rooms),
         "nick": "meepa",
     }
-    write_config(home, {"local": server.base_url}, [MEEPA], connectors=[connector])
+    write_config(home, {"local": server.base_url}, [MEEPA], connectors=[connector], gateway=gateway)
     return RunningGateway(home, env=ENV)
 
 
@@ -146,3 +152,24 @@ def test_prosody_restarted_under_the_gateway_the_next_message_is_answered(
             assert replies(carol, bot, 1, timeout=30) == ["echo 1: after the restart"]
         finally:
             carol.close()
+
+
+def test_a_file_sent_by_http_upload_is_saved_to_the_inbox_capped_and_the_agent_told(
+    home: Path, server: ScriptedServer, prosody: Prosody, alice: User
+) -> None:
+    bot = new_bot(prosody)
+    with start(home, server, prosody, bot, gateway={"max_attachment_mb": 0.001}):  # 1,000 bytes
+        alice.send_file(bot, "notes.txt", b"remember the milk")
+        [told] = replies(alice, bot, 1)
+        alice.send_file(bot, "big.txt", b"x" * 5000)
+        too_large = replies(alice, bot, 2)[1]
+    inbox = home / "agents" / "meepa" / "workspace" / "inbox"
+    [saved] = list(inbox.glob("*-notes.txt"))
+    assert saved.read_bytes() == b"remember the milk"
+    assert not list(inbox.glob("*big.txt"))
+    assert told == f"echo 1: [the sender attached a file, saved as inbox/{saved.name} (17 bytes)]"
+    assert too_large.startswith(
+        "echo 2: [the sender attached a file, big.txt (5,000 bytes): over the 0.001 MB"
+    )
+    seen = [text for request in server.requests for text in user_texts(request.body)]
+    assert not any("http" in text for text in seen)  # the agent reads where the file is, not its URL
