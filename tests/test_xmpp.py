@@ -173,3 +173,34 @@ def test_a_file_sent_by_http_upload_is_saved_to_the_inbox_capped_and_the_agent_t
     )
     seen = [text for request in server.requests for text in user_texts(request.body)]
     assert not any("http" in text for text in seen)  # the agent reads where the file is, not its URL
+
+
+def test_in_chat_commands_approve_answers_a_question_and_new_starts_a_fresh_session(
+    home: Path, server: ScriptedServer, prosody: Prosody, alice: User
+) -> None:
+    bot = new_bot(prosody)
+    build = home / "agents" / "meepa" / "workspace" / "build"
+    build.mkdir(parents=True)
+    server.add(
+        Reply(tool_calls=[("terminal", {"command": "rm -rf build"})]), Reply(text="The build is gone.")
+    )
+    with start(home, server, prosody, bot, gateway={"approvals": "ask"}):
+        alice.send(bot, "clean the build folder")
+        [question] = replies(alice, bot, 1)
+        assert "rm -rf build" in question and build.exists()
+        alice.send(bot, "/approve")
+        assert replies(alice, bot, 2)[1] == "The build is gone."
+        assert not build.exists()
+        alice.send(bot, "one")
+        assert replies(alice, bot, 3)[2] == "echo 2: one"  # the same session as the cleanup
+        alice.send(bot, "/help")
+        alice.send(bot, "/status")
+        alice.send(bot, "/new")
+        alice.send(bot, "two")
+        got = replies(alice, bot, 7)
+    assert "/stop" in got[3] and "/new" in got[3]
+    assert got[4].startswith("Agent meepa, ") and "meepa/chat/alice@localhost" in got[4]
+    assert got[5].startswith("Done: your next message starts a fresh session")
+    assert got[6] == "echo 1: two"
+    seen = [text for request in server.requests for text in user_texts(request.body)]
+    assert not any(text.startswith("/") for text in seen)  # commands never reach the model
