@@ -97,7 +97,7 @@ class Connector(_Section):
     allow: list[str] | None = None
     groups: Literal["mention", "all", "ignore"] = "mention"
     # how a chat shows the tools a run uses: one status message edited in place (the default where the
-    # platform edits messages: matrix), a message each, or nothing (email: one reply per mail, always)
+    # platform edits messages: matrix, xmpp), a message each, or nothing (email: one reply per mail, always)
     progress: Literal["edit", "messages", "off"] | None = None
     address: str | None = None
     imap: MailServer | None = None

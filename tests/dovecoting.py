@@ -2,8 +2,11 @@
 handing each mail to Dovecot over LMTP), and a real second mail client (imaplib, smtplib) as the user.
 
 Dovecot runs from the Debian packages (`dovecot-imapd`, `dovecot-lmtpd`) with a config of its own in a temp
-folder: loopback, free ports, users from a passwd-file, no TLS. It never runs as root: started by root it
-runs as `nobody` (its folder given to that user), else as whoever runs the tests.
+folder: loopback, free ports, users from a passwd-file; TLS with a certificate signed by a CA the fixture
+makes (`ca_file`): STARTTLS offered on the imap port (plain login allowed there too), TLS on an imaps
+port. It never runs as root: started by root it runs as `nobody` (its folder given to that user), else
+as whoever runs the tests. The relays over TLS (`Relay(tls=...)`) log in Dovecot's users, as a
+submission server does.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import shutil
 import signal
 import smtplib
 import socket
+import ssl
 import subprocess
 import tempfile
 import threading
@@ -26,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from conftest import free_port, wait_until
+from prosodying import make_certificates
 
 DOVECOT = os.environ.get("MIBYAN_TEST_DOVECOT", "/usr/sbin/dovecot")
 DOMAIN = "localhost"
@@ -48,21 +53,32 @@ def _runs_as() -> pwd.struct_passwd:
     return pwd.getpwnam("nobody") if os.geteuid() == 0 else pwd.getpwuid(os.geteuid())
 
 
-class Dovecot:
-    """One Dovecot; `restart` keeps its mail, users and ports."""
+#: Dovecot 2.3's IMAP capabilities without IDLE: a server that must be polled
+_NO_IDLE = (
+    "IMAP4rev1 LITERAL+ SASL-IR LOGIN-REFERRALS ID ENABLE SORT THREAD=REFERENCES MULTIAPPEND UNSELECT "
+    "CHILDREN NAMESPACE UIDPLUS LIST-EXTENDED I18NLEVEL=1 CONDSTORE QRESYNC ESEARCH ESORT SEARCHRES WITHIN "
+    "CONTEXT=SEARCH LIST-STATUS BINARY MOVE SPECIAL-USE"
+)
 
-    def __init__(self) -> None:
+
+class Dovecot:
+    """One Dovecot; `restart` keeps its mail, users and ports; `idle=False`: one that offers no IDLE."""
+
+    def __init__(self, *, idle: bool = True) -> None:
+        self.idle = idle
         self.user = _runs_as()
         # root's temp folders are closed to `nobody`: Dovecot's own folder is made where it can reach it
         self.folder = Path(
             tempfile.mkdtemp(prefix="mibyan-dovecot-", dir="/tmp" if os.geteuid() == 0 else None)
         )
         self.imap_port = free_port()
+        self.imaps_port = free_port()
         self.lmtp_port = free_port()
         self.users: dict[str, str] = {}
         for sub in ("run", "state", "mail"):
             (self.folder / sub).mkdir()
         (self.folder / "users").write_text("")
+        self.ca_file = make_certificates(self.folder)
         (self.folder / "dovecot.conf").write_text(self._config())
         if os.geteuid() == 0:
             for path in [self.folder, *self.folder.rglob("*")]:
@@ -72,13 +88,16 @@ class Dovecot:
 
     def _config(self) -> str:
         d, user, group = self.folder, self.user.pw_name, _group_name(self.user.pw_gid)
+        no_idle = "" if self.idle else "protocol imap {\n  imap_capability = " + _NO_IDLE + "\n}"
         return f"""
 base_dir = {d}/run
 state_dir = {d}/state
 log_path = {d}/dovecot.log
 protocols = imap lmtp
 listen = 127.0.0.1
-ssl = no
+ssl = yes
+ssl_cert = <{d}/server.crt
+ssl_key = <{d}/server.key
 disable_plaintext_auth = no
 auth_mechanisms = plain login
 default_internal_user = {user}
@@ -103,7 +122,9 @@ service imap-login {{
     port = {self.imap_port}
   }}
   inet_listener imaps {{
-    port = 0
+    address = 127.0.0.1
+    port = {self.imaps_port}
+    ssl = yes
   }}
 }}
 service lmtp {{
@@ -115,6 +136,7 @@ service lmtp {{
 service auth {{
   chroot =
 }}
+{no_idle}
 service anvil {{
   chroot =
 }}
@@ -205,15 +227,33 @@ class Relay:
     """An SMTP server on loopback (aiosmtpd) handing each mail to Dovecot over LMTP; `received` keeps every
     envelope it was given (sender, recipients, the mail), delivered or not."""
 
-    def __init__(self, dovecot: Dovecot) -> None:
+    def __init__(self, dovecot: Dovecot, tls: str = "none") -> None:
         from aiosmtpd.controller import Controller
 
         self.dovecot = dovecot
         self.received: list[tuple[str, list[str], bytes]] = []
         self.port = free_port()
         self._lock = threading.Lock()
-        self.controller = Controller(self, hostname="127.0.0.1", port=self.port)
+        kwargs: dict[str, Any] = {}
+        if tls != "none":  # Dovecot's certificate: the same CA signs it
+            context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            context.load_cert_chain(dovecot.folder / "server.crt", dovecot.folder / "server.key")
+            kwargs = (
+                {"ssl_context": context}
+                if tls == "ssl"
+                else {"tls_context": context, "require_starttls": True}
+            )
+            kwargs.update(authenticator=self._authenticate, auth_require_tls=True)
+        self.controller = Controller(self, hostname="127.0.0.1", port=self.port, **kwargs)
         self.controller.start()
+
+    def _authenticate(self, server: Any, session: Any, envelope: Any, mechanism: str, data: Any) -> Any:
+        """Over TLS the relay is a submission server: it logs in Dovecot's users (their passwords)."""
+        from aiosmtpd.smtp import AuthResult
+
+        login = bytes(getattr(data, "login", b"") or b"").decode()
+        password = bytes(getattr(data, "password", b"") or b"").decode()
+        return AuthResult(success=self.dovecot.users.get(login) == password and bool(password))
 
     async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:
         content = bytes(envelope.original_content)

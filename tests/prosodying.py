@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import io
+import ipaddress
 import os
 import socket
 import subprocess
@@ -62,7 +64,8 @@ def make_certificates(folder: Path) -> Path:
         .sign(ca_key, hashes.SHA256())
     )
     key = ec.generate_private_key(ec.SECP256R1())
-    names = [x509.DNSName(name) for name in (DOMAIN, ROOMS, f"upload.{DOMAIN}")]
+    names: list[x509.GeneralName] = [x509.DNSName(name) for name in (DOMAIN, ROOMS, f"upload.{DOMAIN}")]
+    names.append(x509.IPAddress(ipaddress.ip_address("127.0.0.1")))  # servers the tests reach by address
     certificate = (
         x509.CertificateBuilder()
         .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, DOMAIN)]))
@@ -118,6 +121,8 @@ http_ports = {{ {self.http_port} }}
 http_interfaces = {{ "127.0.0.1" }}
 https_ports = {{ }}
 http_external_url = "http://127.0.0.1:{self.http_port}/"
+-- the upload slots' URLs name 127.0.0.1, not upload.localhost: that host's requests are the upload's
+http_default_host = "upload.{DOMAIN}"
 modules_enabled = {{
     "roster"; "saslauth"; "tls"; "disco"; "carbons"; "mam"; "smacks"; "ping"; "register";
     "dialback";
@@ -246,7 +251,7 @@ class User:
 
         async def go() -> str:
             url = await self.client["xep_0363"].upload_file(
-                Path(name), size=len(data), input_file=_Bytes(data), content_type="text/plain"
+                Path(name), size=len(data), input_file=io.BytesIO(data), content_type="text/plain"
             )
             message = self.client.make_message(mto=to, mbody=url, mtype="chat")
             message["oob"]["url"] = url
@@ -276,17 +281,3 @@ class User:
 
     async def _disconnect(self) -> None:
         self.client.disconnect()
-
-
-class _Bytes:
-    """A file-like object over bytes for slixmpp's upload (it reads in chunks)."""
-
-    def __init__(self, data: bytes) -> None:
-        self._data = data
-        self._at = 0
-
-    def read(self, size: int = -1) -> bytes:
-        end = len(self._data) if size < 0 else self._at + size
-        chunk = self._data[self._at : end]
-        self._at += len(chunk)
-        return chunk

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import wait_until
+from conftest import run_cli, wait_until
 from dovecoting import Dovecot, MailUser, Relay, missing_reason
 from gatewaying import RunningGateway, write_config
 from loopback import Reply, ScriptedServer, echo, user_texts
@@ -45,6 +45,20 @@ def alice(dovecot: Dovecot, relay: Relay) -> MailUser:
     return MailUser(dovecot, relay, "alice")
 
 
+@pytest.fixture(scope="session")
+def smtps(dovecot: Dovecot) -> Iterator[Relay]:
+    smtp = Relay(dovecot, tls="ssl")
+    yield smtp
+    smtp.stop()
+
+
+@pytest.fixture(scope="session")
+def smtp_starttls(dovecot: Dovecot) -> Iterator[Relay]:
+    smtp = Relay(dovecot, tls="starttls")
+    yield smtp
+    smtp.stop()
+
+
 @pytest.fixture
 def server() -> Iterator[ScriptedServer]:
     with ScriptedServer(default=echo) as scripted:
@@ -66,20 +80,40 @@ def start(
     allow: list[str] | None = None,
     gateway: dict[str, Any] | None = None,
     approval_timeout: float | None = None,
+    imap: dict[str, Any] | None = None,
+    smtp: str = "none",
+    **keys: Any,
 ) -> RunningGateway:
+    write_mail_config(home, server, dovecot, relay, bot, allow, gateway, approval_timeout, imap, smtp, keys)
+    return restart(home)
+
+
+def write_mail_config(
+    home: Path,
+    server: ScriptedServer,
+    dovecot: Dovecot,
+    relay: Relay,
+    bot: str,
+    allow: list[str] | None = None,
+    gateway: dict[str, Any] | None = None,
+    approval_timeout: float | None = None,
+    imap: dict[str, Any] | None = None,
+    smtp: str = "none",
+    keys: dict[str, Any] | None = None,
+) -> None:
     connector: dict[str, Any] = {
         "name": "mail",
         "kind": "email",
         "address": bot,
-        "imap": {"host": "127.0.0.1", "port": dovecot.imap_port, "tls": "none"},
-        "smtp": {"host": "127.0.0.1", "port": relay.port, "tls": "none"},
+        "imap": imap or {"host": "127.0.0.1", "port": dovecot.imap_port, "tls": "none"},
+        "smtp": {"host": "127.0.0.1", "port": relay.port, "tls": smtp},
         "password_env": "MIBYAN_MAIL_PASSWORD",
         "allow": allow or ["alice@localhost"],
+        **(keys or {}),
     }
     if approval_timeout is not None:
         connector["approval_timeout"] = approval_timeout
     write_config(home, {"local": server.base_url}, [MEEPA], connectors=[connector], gateway=gateway)
-    return restart(home)
 
 
 def restart(home: Path) -> RunningGateway:
@@ -274,4 +308,107 @@ def test_a_new_uidvalidity_answers_none_of_the_mailbox_again(
         got = wait_replies(alice, bot, 2)
     assert [text(mail) for mail in got] == ["echo 1: first", "echo 1: second"]
     assert len(server.requests) == 2
+    assert "UIDVALIDITY changed" in (home / "logs" / "gateway.log").read_text()
+
+
+@pytest.mark.parametrize("tls", ["ssl", "starttls"])
+def test_a_mail_is_answered_over_tls_to_a_server_trusted_through_ca_file(
+    home: Path,
+    server: ScriptedServer,
+    dovecot: Dovecot,
+    relay: Relay,
+    smtps: Relay,
+    smtp_starttls: Relay,
+    alice: MailUser,
+    tls: str,
+) -> None:
+    bot = new_bot(dovecot)
+    (home / "ca.pem").write_bytes(dovecot.ca_file.read_bytes())
+    port = dovecot.imaps_port if tls == "ssl" else dovecot.imap_port
+    sending = smtps if tls == "ssl" else smtp_starttls
+    imap = {"host": "127.0.0.1", "port": port, "tls": tls}
+    with start(home, server, dovecot, sending, bot, imap=imap, smtp=tls, ca_file="ca.pem"):
+        alice.send(bot, "Secret", "over tls")
+        [reply] = wait_replies(alice, bot, 1)
+    assert text(reply) == "echo 1: over tls"
+    assert [to for _, to, _ in sending.received if to == ["alice@localhost"]] == [["alice@localhost"]]
+
+
+def test_a_server_whose_certificate_is_not_trusted_is_refused_with_one_line(
+    home: Path, server: ScriptedServer, dovecot: Dovecot, relay: Relay
+) -> None:
+    bot = new_bot(dovecot)
+    imap = {"host": "127.0.0.1", "port": dovecot.imaps_port, "tls": "ssl"}
+    write_mail_config(home, server, dovecot, relay, bot, imap=imap)
+    done = run_cli("gateway", home=home, env={"MIBYAN_MAIL_PASSWORD": PASSWORD})
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1, done.stderr
+    assert f"the IMAP server 127.0.0.1:{dovecot.imaps_port} presented a certificate that is not trusted" in (
+        done.stderr
+    )
+    assert "set ca_file:" in done.stderr
+    assert server.requests == []
+
+
+@pytest.fixture(scope="module")
+def polled() -> Iterator[tuple[Dovecot, Relay, MailUser]]:
+    """A Dovecot that offers no IDLE, its relay and its alice: the connector has to ask."""
+    dovecot = Dovecot(idle=False)
+    relay = Relay(dovecot)
+    yield dovecot, relay, MailUser(dovecot, relay, "alice")
+    relay.stop()
+    dovecot.remove()
+
+
+def test_a_server_without_idle_is_polled_and_each_mail_answered_once(
+    home: Path, server: ScriptedServer, polled: tuple[Dovecot, Relay, MailUser]
+) -> None:
+    dovecot, relay, alice = polled
+    bot = new_bot(dovecot)
+    with start(home, server, dovecot, relay, bot, poll_seconds=0.2):
+        alice.send(bot, "Polled", "are you there")
+        wait_replies(alice, bot, 1)
+        alice.send(bot, "Again", "still there")
+        got = wait_replies(alice, bot, 2)
+    assert [text(mail) for mail in got] == ["echo 1: are you there", "echo 1: still there"]
+    assert len(server.requests) == 2
+    log = (home / "logs" / "gateway.log").read_text()
+    assert f"127.0.0.1:{dovecot.imap_port} offers no IDLE: asking for new mail every 0.2 s" in log
+
+
+def test_a_mailbox_renumbered_while_down_answers_only_its_new_unanswered_mail_once(
+    home: Path, server: ScriptedServer, dovecot: Dovecot, relay: Relay, alice: MailUser
+) -> None:
+    import imaplib
+    import time
+
+    bot = new_bot(dovecot)
+    with start(home, server, dovecot, relay, bot) as gateway:
+        first = alice.send(bot, "First", "first")
+        wait_replies(alice, bot, 1)
+        gateway.terminate()
+    # the mailbox restored from a backup while the gateway is down: a new UIDVALIDITY, "First" (answered)
+    # restored as arriving now, a mail from long ago, and then one that really arrives now
+    maildir = dovecot.folder / "mail" / bot
+    for stale in [*maildir.glob("dovecot-uidlist"), *maildir.glob("dovecot.index*"), *maildir.glob("*/*")]:
+        stale.unlink()
+    imap = imaplib.IMAP4("127.0.0.1", dovecot.imap_port, timeout=30)
+    imap.login(bot, PASSWORD)
+    now = imaplib.Time2Internaldate(time.time())
+    assert imap.append("INBOX", "", now, bytes(first))[0] == "OK"
+    old = (
+        f"From: alice@localhost\r\nTo: {bot}\r\nSubject: Old\r\nMessage-ID: <old@client.test>\r\n\r\nold\r\n"
+    )
+    long_ago = imaplib.Time2Internaldate(time.time() - 86_400 * 30)
+    assert imap.append("INBOX", "", long_ago, old.encode())[0] == "OK"
+    imap.logout()
+    alice.send(bot, "New", "new while down")
+    assert wait_until(lambda: any("New" in str(m["Subject"]) for m in relay.sent_to(bot)))
+    with restart(home) as again:
+        alice.send(bot, "After", "after")  # admitted after what came while down: nothing else is coming
+        wait_replies(alice, bot, 3)
+        again.terminate()  # what it was sending is sent: a repeat would be in the mailbox now
+    got = replies_to(alice, bot)
+    assert sorted(text(mail) for mail in got) == ["echo 1: after", "echo 1: first", "echo 1: new while down"]
+    assert len(server.requests) == 3
     assert "UIDVALIDITY changed" in (home / "logs" / "gateway.log").read_text()

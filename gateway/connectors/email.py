@@ -3,7 +3,9 @@
 Each new mail of INBOX (UID above the cursor) is admitted to the ledger first, and only then does the
 cursor (UIDVALIDITY, last UID) move past it, so a crash re-reads what was not admitted and the ledger's
 per-Message-ID dedupe runs a re-read mail once. The first start takes UIDNEXT as it is and answers
-nothing older; a new UIDVALIDITY (the mailbox rebuilt) is taken the same way, never answered again.
+nothing older. A new UIDVALIDITY (the mailbox rebuilt or restored) says nothing of which mails are
+new, so the renumbered mails are judged by when they arrived (INTERNALDATE, against the cursor's
+`since`) and by whether the ledger has their Message-ID: what came while down is answered, the rest not.
 New mail is awaited with IDLE where the server has it, else asked for every `poll_seconds`.
 
 Every mail gets exactly one reply (never progress mails), threaded under it, with a Message-ID derived
@@ -17,6 +19,7 @@ import asyncio
 import functools
 import logging
 import os
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from email.message import EmailMessage
@@ -29,6 +32,7 @@ from mibyan.gateway.connectors import inbox
 from mibyan.gateway.connectors.base import Destination, InboundEvent, Limits, SendResult, SendStatus
 from mibyan.gateway.connectors.chat import ChatCore
 from mibyan.gateway.connectors.email_wire import GONE, Cursor, CursorFile, Mailbox, check_email, send_mail
+from mibyan.gateway.connectors.xmpp_setup import ca_path
 from mibyan.gateway.ledger import Reply
 from mibyan.gateway.runner import Gateway
 from mibyan.gateway.work import ShuttingDown
@@ -60,7 +64,8 @@ class EmailConnector:
         self.folder = gateway.home / "connectors" / settings.name
         self.cursor_file = CursorFile(self.folder)
         self.cursor: Cursor | None = None
-        self.box = Mailbox(settings.imap, self.username, self._password)
+        self.ca_file = ca_path(settings, gateway.home)
+        self.box = Mailbox(settings.imap, self.username, self._password, self.ca_file)
         self._imap_thread = ThreadPoolExecutor(1, thread_name_prefix=f"mibyan-imap-{settings.name}")
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
@@ -86,6 +91,13 @@ class EmailConnector:
             ) from exc
         except ConfigError as exc:
             raise ConfigError(f"connector '{self.name}': {exc}") from exc
+        if not self.box.has_idle:
+            log.info(
+                "%s: %s offers no IDLE: asking for new mail every %g s",
+                self.name,
+                self.url,
+                self.settings.poll_seconds,
+            )
         self._follow_resumed()
         await self._catch_up()
         self._task = asyncio.create_task(self._run())
@@ -97,14 +109,20 @@ class EmailConnector:
         if kept is not None and kept.uidvalidity == self.box.uidvalidity:
             self.cursor = kept
             return
-        if kept is not None:
+        if kept is None:
+            self.cursor = Cursor(self.box.uidvalidity, self.box.uidnext - 1, time.time())
+        else:
+            # renumbered (rebuilt, restored): the UIDs say nothing now; what arrived since the last
+            # mail passed does, and the ledger knows what was admitted already
             log.warning(
-                "%s: the mailbox's UIDVALIDITY changed (%s to %s): its mails are not answered again",
+                "%s: the mailbox's UIDVALIDITY changed (%s to %s): answering only the mails that arrived "
+                "since %s and were not answered before",
                 self.name,
                 kept.uidvalidity,
                 self.box.uidvalidity,
+                time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(kept.since)),
             )
-        self.cursor = Cursor(self.box.uidvalidity, self.box.uidnext - 1)
+            self.cursor = Cursor(self.box.uidvalidity, 0, kept.since, self.box.uidnext)
         self.cursor_file.save(self.cursor)
 
     def _follow_resumed(self) -> None:
@@ -165,15 +183,21 @@ class EmailConnector:
         """Admit every mail above the cursor, oldest first, moving the cursor after each."""
         assert self.cursor is not None
         for uid in await self._imap(functools.partial(self.box.uids_after, self.cursor.last_uid)):
-            raw = await self._imap(functools.partial(self.box.fetch, uid))
+            fetched = await self._imap(functools.partial(self.box.fetch, uid))
+            cursor = self.cursor
+            since = cursor.since
             try:
-                if raw is not None:
-                    await self._mail(uid, raw)
+                if fetched is not None:
+                    raw, since = fetched
+                    renumbered = uid < cursor.renumbered_below
+                    if not renumbered or since >= cursor.since:
+                        await self._mail(uid, raw, once=renumbered)
+                    since = max(since, cursor.since)
             except (ShuttingDown, *GONE):
                 raise  # not admitted: the cursor stays before it
             except Exception:  # a mail we cannot read must not stop the mailbox for every later one
                 log.exception("%s: mail UID %s could not be read; it is not answered", self.name, uid)
-            self.cursor = Cursor(self.cursor.uidvalidity, uid)
+            self.cursor = Cursor(cursor.uidvalidity, uid, since, cursor.renumbered_below)
             self.cursor_file.save(self.cursor)  # only now: the mail is in the ledger (or never to be)
             await self._imap(functools.partial(self.box.mark_seen, uid))
 
@@ -181,8 +205,9 @@ class EmailConnector:
         domain = "@" + sender.rsplit("@", 1)[-1]
         return "*" in self.allow or sender in self.allow or domain in self.allow
 
-    async def _mail(self, uid: int, raw: bytes) -> None:
-        """Admit one mail if a person on `allow` wrote it."""
+    async def _mail(self, uid: int, raw: bytes, *, once: bool = False) -> None:
+        """Admit one mail if a person on `allow` wrote it (`once`: unless the ledger has its Message-ID:
+        a repeat would get the first one's reply mailed again)."""
         message = mail.parse(raw)
         fallback = f"uid{self.cursor.uidvalidity if self.cursor else 0}.{uid}@{self.url}"
         details = mail.inbound(message, fallback)
@@ -197,6 +222,10 @@ class EmailConnector:
         saved = self._attachments(message, details.message_id)
         if saved:
             text = "\n\n".join([text, *saved]).strip()
+        if once and await asyncio.to_thread(
+            self.gateway.ledger.has_message, self.core.key(details.root), details.message_id
+        ):
+            return
         details.save(self.folder)  # before admission: a reply after a restart must know where it goes
         date = message["Date"]
         when = date.datetime.timestamp() if date is not None and getattr(date, "datetime", None) else 0.0
@@ -237,7 +266,7 @@ class EmailConnector:
         )
         assert self.settings.smtp is not None
         send = functools.partial(
-            send_mail, self.settings.smtp, self.username, self._password, reply, self.address
+            send_mail, self.settings.smtp, self.username, self._password, reply, self.address, self.ca_file
         )
         return await asyncio.get_running_loop().run_in_executor(None, send)
 

@@ -16,6 +16,7 @@ import smtplib
 import socket
 import ssl
 import threading
+import time
 from dataclasses import dataclass
 from email.message import EmailMessage
 from pathlib import Path
@@ -65,10 +66,20 @@ def check_email(settings: ConnectorSettings, env: dict[str, str] | os._Environ[s
 
 @dataclass(frozen=True)
 class Cursor:
-    """The mailbox's UIDVALIDITY and the last UID admitted to the ledger."""
+    """Where the connector is in the mailbox.
+
+    Attributes:
+        uidvalidity: the mailbox's UIDVALIDITY.
+        last_uid: the last UID admitted to the ledger (or passed over).
+        since: when the last mail it passed arrived (its INTERNALDATE; at the first start, that start).
+        renumbered_below: after a new UIDVALIDITY, the UIDs below this are the renumbered mailbox: only
+            its mails that arrived at `since` or later, and that the ledger has not seen, are answered.
+    """
 
     uidvalidity: int
     last_uid: int
+    since: float = 0.0
+    renumbered_below: int = 0
 
 
 class CursorFile:
@@ -80,23 +91,37 @@ class CursorFile:
     def read(self) -> Cursor | None:
         try:
             data = json.loads(self.path.read_text())
-            return Cursor(int(data["uidvalidity"]), int(data["last_uid"]))
-        except (OSError, ValueError, TypeError, KeyError):
+            # a cursor kept before `since` was: the file is written after each admission, so its time
+            since = float(data.get("since") or self.path.stat().st_mtime)
+            below = int(data.get("renumbered_below", 0))
+            return Cursor(int(data["uidvalidity"]), int(data["last_uid"]), since, below)
+        except (OSError, ValueError, TypeError, KeyError, AttributeError):
             return None
 
     def save(self, cursor: Cursor) -> None:
         write_private(self.path, json.dumps(cursor.__dict__).encode())
 
 
-def _context() -> ssl.SSLContext:
-    return ssl.create_default_context()
+def _context(ca_file: Path | None) -> ssl.SSLContext:
+    """The system's trust, or only `ca_file`'s (a self-signed server) when the connector names one."""
+    return ssl.create_default_context(cafile=str(ca_file) if ca_file else None)
+
+
+def untrusted(side: str, server: MailServer, exc: ssl.SSLCertVerificationError) -> ConfigError:
+    """The one line a server whose certificate we do not trust is refused with."""
+    why = exc.verify_message or exc.reason or str(exc)
+    return ConfigError(
+        f"the {side} server {server.host}:{server.port} presented a certificate that is not trusted "
+        f"({why}); set ca_file: to the CA that signed it"
+    )
 
 
 class Mailbox:
     """One IMAP connection to INBOX (blocking: used from one worker thread at a time)."""
 
-    def __init__(self, server: MailServer, username: str, password: str) -> None:
+    def __init__(self, server: MailServer, username: str, password: str, ca_file: Path | None) -> None:
         self.server = server
+        self.ca_file = ca_file
         self.username = username
         self.password = password
         self.imap: imaplib.IMAP4 | None = None
@@ -110,26 +135,36 @@ class Mailbox:
         """Log in and select INBOX (UIDVALIDITY and UIDNEXT read)."""
         self.close()
         server = self.server
-        if server.tls == "ssl":
-            imap: imaplib.IMAP4 = imaplib.IMAP4_SSL(
-                server.host, server.port, ssl_context=_context(), timeout=TIMEOUT
-            )
-        else:
-            imap = imaplib.IMAP4(server.host, server.port, timeout=TIMEOUT)
-            if server.tls == "starttls":
-                imap.starttls(_context())
+        try:
+            imap = self._open()
+        except ssl.SSLCertVerificationError as exc:
+            raise untrusted("IMAP", server, exc) from None
         try:
             imap.login(self.username, self.password)
         except imaplib.IMAP4.error as exc:
             imap.shutdown()
             raise ConfigError(f"the IMAP server refused the login of {self.username}: {exc}") from None
         self.imap = imap
-        self.has_idle = "IDLE" in imap.capabilities
+        self.has_idle = "IDLE" in _capabilities(imap)
         status, _ = imap.select("INBOX")
         if status != "OK":
             raise imaplib.IMAP4.abort("INBOX cannot be selected")
         self.uidvalidity = int(_untagged(imap, "UIDVALIDITY") or 0)
         self.uidnext = int(_untagged(imap, "UIDNEXT") or 0) or self._uidnext()
+
+    def _open(self) -> imaplib.IMAP4:
+        server = self.server
+        if server.tls == "ssl":
+            context = _context(self.ca_file)
+            return imaplib.IMAP4_SSL(server.host, server.port, ssl_context=context, timeout=TIMEOUT)
+        imap = imaplib.IMAP4(server.host, server.port, timeout=TIMEOUT)
+        if server.tls == "starttls":
+            try:
+                imap.starttls(_context(self.ca_file))
+            except BaseException:
+                imap.shutdown()
+                raise
+        return imap
 
     def _uidnext(self) -> int:
         imap = self._imap()
@@ -151,14 +186,16 @@ class Mailbox:
         found = [int(n) for n in b" ".join(d for d in data if isinstance(d, bytes)).split()]
         return sorted(n for n in found if n > last)  # `n:*` names the last mail even when it is older
 
-    def fetch(self, uid: int) -> bytes | None:
-        """The whole mail, without marking it seen (None: expunged meanwhile)."""
-        status, data = self._imap().uid("FETCH", str(uid), "(BODY.PEEK[])")
+    def fetch(self, uid: int) -> tuple[bytes, float] | None:
+        """The whole mail and when it arrived (INTERNALDATE), without marking it seen (None: expunged
+        meanwhile)."""
+        status, data = self._imap().uid("FETCH", str(uid), "(INTERNALDATE BODY.PEEK[])")
         if status != "OK":
             raise imaplib.IMAP4.abort(f"UID FETCH failed: {data}")
         for item in data:
             if isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], bytes):
-                return item[1]
+                arrived = imaplib.Internaldate2tuple(item[0]) if isinstance(item[0], bytes) else None
+                return item[1], time.mktime(arrived) if arrived is not None else time.time()
         return None
 
     def mark_seen(self, uid: int) -> None:
@@ -218,6 +255,13 @@ class Mailbox:
                 imap.shutdown()
 
 
+def _capabilities(imap: imaplib.IMAP4) -> set[str]:
+    """What the server offers once logged in (it may differ from what it said before the login)."""
+    status, data = imap.capability()
+    words = b" ".join(d for d in data if isinstance(d, bytes)).decode(errors="replace").upper().split()
+    return set(words) if status == "OK" and words else {c.upper() for c in imap.capabilities}
+
+
 def _untagged(imap: imaplib.IMAP4, name: str) -> str | None:
     _, data = imap.response(name)
     value = data[-1] if data else None
@@ -225,25 +269,32 @@ def _untagged(imap: imaplib.IMAP4, name: str) -> str | None:
 
 
 def send_mail(
-    server: MailServer, username: str, password: str, mail: EmailMessage, sender: str
+    server: MailServer,
+    username: str,
+    password: str,
+    mail: EmailMessage,
+    sender: str,
+    ca_file: Path | None = None,
 ) -> SendResult:
     """Send one mail (blocking); how it went, as the chat contract reports it."""
     recipients = [str(mail["To"])]
     try:
         if server.tls == "ssl":
             client: smtplib.SMTP = smtplib.SMTP_SSL(
-                server.host, server.port, timeout=TIMEOUT, context=_context()
+                server.host, server.port, timeout=TIMEOUT, context=_context(ca_file)
             )
         else:
             client = smtplib.SMTP(server.host, server.port, timeout=TIMEOUT)
         with client:
             client.ehlo()
             if server.tls == "starttls":
-                client.starttls(context=_context())
+                client.starttls(context=_context(ca_file))
                 client.ehlo()
             if client.has_extn("auth"):
                 client.login(username, password)
             refused = client.send_message(mail, from_addr=sender, to_addrs=recipients)
+    except ssl.SSLCertVerificationError as exc:  # nothing was sent: the server was never trusted
+        return SendResult(SendStatus.FAILED, detail=str(untrusted("SMTP", server, exc)))
     except (smtplib.SMTPRecipientsRefused, smtplib.SMTPSenderRefused, smtplib.SMTPAuthenticationError) as exc:
         return SendResult(SendStatus.FAILED, detail=str(exc))
     except smtplib.SMTPResponseException as exc:

@@ -7,7 +7,8 @@ stanza-id of the last admitted message, for the account's own archive and each r
 admitted to the ledger before that cursor moves, and live and archived copies of one message are one by
 their stanza-id. On the first start each archive's position is taken and nothing older is answered.
 XMPP has no send idempotency: a message already in the ledger is never admitted again, and a reply whose
-send was unknown is looked up in the archive (by its origin-id) before it is sent again.
+send was unknown is looked up in the archive (by its origin-id) before it is sent again. A run's status
+message is edited by last message correction (XEP-0308), which Prosody passes on as it is.
 """
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ class XmppConnector:
     """One XMPP account answering for one agent."""
 
     kind = "xmpp"
-    limits = Limits(text_length=PART_BYTES, unit="bytes", typing=True, attachments=True)
+    # edits: a run's status message is corrected in place (XEP-0308, last message correction)
+    limits = Limits(text_length=PART_BYTES, unit="bytes", typing=True, edits=True, attachments=True)
 
     def __init__(self, settings: ConnectorSettings, gateway: Gateway) -> None:
         self.settings = settings
@@ -89,7 +91,16 @@ class XmppConnector:
             client.ca_certs = self.ca_file
         client.auto_authorize = None  # subscription requests: answered below, by `allow`
         client.auto_subscribe = False
-        for plugin in ("xep_0030", "xep_0045", "xep_0085", "xep_0199", "xep_0313", "xep_0359", "xep_0066"):
+        for plugin in (
+            "xep_0030",
+            "xep_0045",
+            "xep_0085",
+            "xep_0199",
+            "xep_0313",
+            "xep_0359",
+            "xep_0066",
+            "xep_0308",
+        ):
             client.register_plugin(plugin)
         client["xep_0199"].enable_keepalive(interval=60, timeout=20)  # a half-open connection is noticed
         client.add_event_handler("session_start", lambda _e: self._spawn(self._session()))
@@ -346,31 +357,37 @@ class XmppConnector:
         return await self.core.resend(reply, Destination(conversation, None, entry.message_key))
 
     async def edit_part(self, where: Destination, sent_id: str, text: str, key: str) -> SendResult:
-        # message correction (XEP-0308) is not spoken yet: `limits.edits` is False, so nothing asks
-        return SendResult(SendStatus.FAILED, detail="this connector does not correct sent messages")
+        """Correct the message sent as `sent_id` (XEP-0308: a new message naming the one it replaces;
+        clients without it show the correction as a message of its own)."""
+        return await self._send(where, text, key, replaces=sent_id)
 
     async def send_part(self, where: Destination, text: str, key: str, first: bool) -> SendResult:
         """Send one part (its id and origin-id: `key`); delivered once the server answers a ping sent
         after it on the same stream (it has the message then)."""
+        return await self._send(where, text, key)
+
+    async def _send(self, where: Destination, text: str, key: str, replaces: str | None = None) -> SendResult:
         if not self._online.is_set() or self.client is None:
             await asyncio.sleep(0)
             return SendResult(SendStatus.UNKNOWN, detail="not connected")
         group = where.conversation in self.rooms
         try:
             if where.reply_to in self._uncertain and await self._in_archive(where.conversation, key, group):
-                return SendResult(SendStatus.DELIVERED)
+                return SendResult(SendStatus.DELIVERED, sent_id=key)
             message = self.client.make_message(
                 mto=where.conversation, mbody=text, mtype="groupchat" if group else "chat"
             )
             message["id"] = key
             message["origin_id"]["id"] = key
             message["chat_state"] = "active"
+            if replaces is not None:
+                message["replace"]["id"] = replaces  # always the first message's id, as XEP-0308 asks
             message.send()
             await self.client["xep_0199"].ping(JID(self.domain), timeout=20)
         except (IqError, IqTimeout, ConnectionError) as exc:
             self._uncertain.add(where.reply_to)
             return SendResult(SendStatus.UNKNOWN, detail=str(exc) or type(exc).__name__)
-        return SendResult(SendStatus.DELIVERED)
+        return SendResult(SendStatus.DELIVERED, sent_id=key)
 
     async def _in_archive(self, conversation: str, key: str, group: bool) -> bool:
         """Whether a message with origin-id `key` is among the conversation's latest archived ones."""
