@@ -28,6 +28,7 @@ from mibyan.tools.command_paths import broad_target
 from mibyan.tools.command_spec import Scan, Spec, judge_spec, spec
 from mibyan.tools.command_system import FORMATTERS, SYSTEM_SPECS
 from mibyan.tools.command_targets import TARGET_SPECS
+from mibyan.tools.command_unknown import judge_unknown
 from mibyan.tools.command_words import Feed, Judge, Word, combine, command_name
 
 #: The programs that run a command after their own options: (names, options that take a value,
@@ -292,8 +293,14 @@ RUNNER_SPECS: tuple[Spec, ...] = (
     spec(
         "vi vim nvim view ex gvim",
         valued="-c --cmd -S -u -U -i -T -w -W -t",
+        operands="writes",
+        action="edits",
         check=_editor,
-        should_match={"vim -c '!rm -rf /' x": "hardline", "vim +'!rm -r build' x": "dangerous"},
+        should_match={
+            "vim -c '!rm -rf /' x": "hardline",
+            "vim +'!rm -r build' x": "dangerous",
+            "vim -es -c 'norm Gox' -c wq ~/.bashrc": "dangerous",
+        },
         should_not_match=["vim -c 'set nu' notes.txt", "vim +10 notes.txt"],
     ),
     spec(
@@ -404,10 +411,14 @@ def spec_for(name: str) -> Spec | None:
 
 
 def judge_invocation(j: Judge, words: Sequence[Word], feed: Feed) -> Verdict:
-    """Judge one command whose name is known: the rule for its name, or safe when it has none."""
+    """Judge one command whose name is known: by its program's spec, or as a program the judge has no
+    spec for (tools/command_unknown.py)."""
     name = command_name(words[0])
     program = spec_for(name)
-    verdict = judge_spec(program, j, name, words[1:], feed) if program is not None else SAFE
+    if program is not None:
+        verdict = judge_spec(program, j, name, words[1:], feed)
+    else:
+        verdict = judge_unknown(j, name, words[1:])
     if "/" in words[0].text:  # `./run.sh`: what it runs is the file's text, unless it is a binary
         if words[0].dynamic or j.written(words[0]) is not None:
             verdict = combine([verdict, script_file(j, name, words[0], j.script_at)])

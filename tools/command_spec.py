@@ -17,9 +17,10 @@ from typing import Literal
 from mibyan.tools.approval import SAFE, Tier, Verdict
 from mibyan.tools.command_words import Feed, Judge, Word, combine
 
-#: What a program's operands are: files it writes or deletes (`action` says how), the command it runs
-#: after its own options (a wrapper), or shell text it runs (`watch`); "" when the roles say nothing.
-Role = Literal["", "writes", "deletes", "runs", "script"]
+#: What a program's operands are: files it reads (and so changes nothing, secrets aside) or writes or
+#: deletes (`action` says how), the command it runs after its own options (a wrapper), or shell text
+#: it runs (`watch`); "" when the roles say nothing.
+Role = Literal["", "reads", "writes", "deletes", "runs", "script"]
 
 
 @dataclass(frozen=True)

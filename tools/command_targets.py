@@ -11,7 +11,7 @@ import re
 
 from mibyan.tools.approval import SAFE, Verdict
 from mibyan.tools.command_code import script_file
-from mibyan.tools.command_paths import broad_target
+from mibyan.tools.command_paths import broad_target, holds_code_places
 from mibyan.tools.command_spec import Scan, Spec, spec
 from mibyan.tools.command_words import Feed, Judge, Word, combine
 
@@ -20,6 +20,24 @@ def _tee(j: Judge, name: str, scan: Scan, feed: Feed) -> Verdict:
     for word in scan.operands:  # after the role's write(), which notes the content as unknown
         j.wrote(word, feed, append="-a" in scan.flags or "--append" in scan.flags)
     return SAFE
+
+
+def _unpacks(j: Judge, folder: Word, how: str) -> Verdict:
+    """Files of names the command does not show land in `folder`: asked when it holds a place whose
+    content runs by itself (the home holds ~/.bashrc and ~/.ssh, `/` holds /etc/cron.d)."""
+    held = holds_code_places(j, folder)
+    if held is None:
+        return SAFE
+    return Verdict("dangerous", f"{how} into {held}", "sensitive_write")
+
+
+def _copies_contents(name: str, scan: Scan) -> bool:
+    """`rsync -a dir/ DEST`, `cp -r dir/. DEST`, `cp -rT dir DEST`: the folder's contents, whatever their
+    names, land in DEST itself."""
+    sources = scan.operands[:-1]
+    if name == "rsync":
+        return any(w.text.endswith("/") or w.pattern for w in sources)
+    return "-T" in scan.flags or any(w.text.endswith(("/.", "/./")) or w.pattern for w in sources)
 
 
 def _copy(j: Judge, name: str, scan: Scan, feed: Feed) -> Verdict:
@@ -36,6 +54,8 @@ def _copy(j: Judge, name: str, scan: Scan, feed: Feed) -> Verdict:
         if name in ("scp", "rsync") and ":" in word.text.split("/")[0]:
             continue  # a remote destination
         findings.append(j.write(word, "writes to"))
+        if name in ("cp", "rsync", "mv") and _copies_contents(name, scan):
+            findings.append(_unpacks(j, word, f"copies files whose names it does not show ({name})"))
         broad = broad_target(j, word) if deletes else None
         if broad is not None:  # `rsync -a --delete empty/ ~/` empties the home
             return Verdict(
@@ -99,7 +119,9 @@ def _tar(j: Judge, name: str, scan: Scan, feed: Feed) -> Verdict:
         archive = args[1] if "f" in letters and len(args) > 1 else scan.value("-f", "--file")
         findings += [j.write(archive, "writes to")] if archive is not None else []
     if modes & {"-x", "--extract", "--get"}:
+        folders = scan.given("-C", "--directory") or [Word(".")]
         findings += [j.write(w, "writes to") for w in scan.given("-C", "--directory")]
+        findings += [_unpacks(j, w, f"unpacks an archive ({name} -x)") for w in folders]
     for word in scan.given("--checkpoint-action"):
         if word.text.startswith("exec="):
             findings.append(j.script(word.text[5:]))
@@ -107,12 +129,69 @@ def _tar(j: Judge, name: str, scan: Scan, feed: Feed) -> Verdict:
 
 
 def _unzip(j: Judge, name: str, scan: Scan, feed: Feed) -> Verdict:
-    return combine(j.write(w, "writes to") for w in scan.given("-d"))
+    if {"-l", "-v", "-t", "-p", "-Z"} & scan.flags:
+        return SAFE  # lists, tests or prints: writes no file
+    folders = scan.given("-d") or [Word(".")]
+    findings = [j.write(w, "writes to") for w in scan.given("-d")]
+    return combine([*findings, *(_unpacks(j, w, "unpacks an archive (unzip)") for w in folders)])
+
+
+def _cpio(j: Judge, name: str, scan: Scan, feed: Feed) -> Verdict:
+    if not {"-i", "--extract"} & scan.flags:
+        return SAFE
+    folders = scan.given("-D", "--directory") or [Word(".")]
+    return combine(_unpacks(j, w, "unpacks an archive (cpio -i)") for w in folders)
+
+
+def _7z(j: Judge, name: str, scan: Scan, feed: Feed) -> Verdict:
+    if not scan.operands or scan.operands[0].text not in ("x", "e"):
+        return SAFE
+    folders = scan.given("-o") or [Word(".")]
+    return combine(_unpacks(j, w, f"unpacks an archive ({name} {scan.operands[0].text})") for w in folders)
 
 
 _COPY_VALUED = "-t --target-directory -S --suffix -m --mode -o -g --owner --group -e --rsh -P"
 
+
+def _uniq(j: Judge, name: str, scan: Scan, feed: Feed) -> Verdict:
+    return combine(j.write(w, "writes to") for w in scan.operands[1:2])  # `uniq INPUT OUTPUT`
+
+
 TARGET_SPECS: tuple[Spec, ...] = (
+    spec(
+        "echo printf true false test [ expr seq sleep exit : yes basename dirname pwd date whoami id",
+        should_match={"echo x > ~/.bashrc": "dangerous"},
+        should_not_match=["echo rm -rf /", "printf '%s\\n' 'dd of=/dev/sda'", "test -f ~/.bashrc"],
+    ),
+    spec(
+        "cat head tail less more grep egrep fgrep rg ag wc diff cmp file stat ls du df md5sum sha1sum "
+        "sha256sum sha512sum nl od hexdump strings realpath readlink tree jq yq which type whereis man",
+        valued="-e -f -m -A -B -C -n -c --regexp --file --max-count",
+        operands="reads",
+        should_match={"cat /etc/shadow": "dangerous", "grep -r x . > ~/.profile": "dangerous"},
+        should_not_match=["cat ~/.bashrc", "grep -rn 'rm -rf /' .", "man rm", "which python3"],
+    ),
+    spec(
+        "sort shuf",
+        valued="-k -t -S -T --key --field-separator --buffer-size --temporary-directory",
+        writes="-o --output",
+        should_match={"sort -o ~/.bashrc x": "dangerous", "shuf -o.git/hooks/pre-push x": "dangerous"},
+        should_not_match=["sort -u names.txt -o names.txt", "sort ~/.bashrc"],
+    ),
+    spec(
+        "uniq",
+        valued="-f -s -w --skip-fields --skip-chars --check-chars",
+        check=_uniq,
+        should_match={"uniq x ~/.zshrc": "dangerous"},
+        should_not_match=["uniq -c names.txt", "uniq a.txt b.txt"],
+    ),
+    spec(
+        "ed red nano pico emacs micro",
+        operands="writes",
+        action="edits",
+        should_match={"ed ~/.bashrc < fix.ed": "dangerous", "nano ~/.ssh/authorized_keys": "dangerous"},
+        should_not_match=["ed notes.txt < fix.ed", "nano notes.txt"],
+    ),
     spec(
         "tee",
         operands="writes",
@@ -164,6 +243,11 @@ TARGET_SPECS: tuple[Spec, ...] = (
             "rsync -a --delete empty/ ~/": "hardline",
             "rsync -e 'rm -rf /' x host:y": "hardline",
             "ln -sf x ~/.bashrc": "dangerous",
+            "rsync -a dotfiles/ ~/": "dangerous",
+            "cp -r dotfiles/. ~": "dangerous",
+            "cp -rT dotfiles ~": "dangerous",
+            "cp x /etc/cron.d/job": "dangerous",
+            "install -m 644 x.service ~/.config/systemd/user/": "dangerous",
         },
         should_not_match=["cp -r src dist", "mv a.txt b.txt", "rsync -a src/ host:backup/"],
     ),
@@ -199,7 +283,21 @@ TARGET_SPECS: tuple[Spec, ...] = (
         should_not_match=["wget -q https://x.example/f.tgz"],
     ),
     spec(
-        "tar",
+        "cpio",
+        valued="-D --directory -E -F -H -I -O -R",
+        check=_cpio,
+        should_match={"cd ~ && cpio -idm < x.cpio": "dangerous", "cpio -i -D / < x.cpio": "dangerous"},
+        should_not_match=["cpio -idm < x.cpio", "find . | cpio -o > x.cpio"],
+    ),
+    spec(
+        "7z 7za 7zr",
+        valued="-o -p -t -w",
+        check=_7z,
+        should_match={"7z x keys.7z -o$HOME": "dangerous"},
+        should_not_match=["7z x x.7z -obuild", "7z l x.7z"],
+    ),
+    spec(
+        "tar bsdtar",
         valued="-f --file -C --directory -T -X -b --checkpoint-action",
         code="-I --use-compress-program --to-command --info-script --new-volume-script",
         check=_tar,
@@ -208,6 +306,10 @@ TARGET_SPECS: tuple[Spec, ...] = (
             "tar -xf x.tar -C ~/.ssh": "dangerous",
             "tar -I 'rm -rf /' -xf x.tar": "hardline",
             "tar --checkpoint-action=exec='rm -rf ~' -cf a.tar x": "hardline",
+            "tar -xf x.tar -C ~": "dangerous",
+            "cd ~ && tar xzf /tmp/x.tgz": "dangerous",
+            "tar -xf x.tar -C /": "dangerous",
+            "tar -xf x.tar --directory=.git": "dangerous",
         },
         should_not_match=["tar -czf dist.tgz src", "tar xzf x.tgz -C build"],
     ),
@@ -215,7 +317,7 @@ TARGET_SPECS: tuple[Spec, ...] = (
         "unzip",
         valued="-d -P -x",
         check=_unzip,
-        should_match={"unzip -o keys.zip -d ~/.ssh": "dangerous"},
-        should_not_match=["unzip x.zip -d build"],
+        should_match={"unzip -o keys.zip -d ~/.ssh": "dangerous", "unzip dots.zip -d ~": "dangerous"},
+        should_not_match=["unzip x.zip -d build", "unzip -l ~/x.zip"],
     ),
 )
