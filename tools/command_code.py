@@ -262,6 +262,27 @@ def judge_awk(j: Judge, args: list[Word]) -> Verdict:
     return _code_word(args[i], lambda code: judge_code(j, "awk", code), "awk code")
 
 
+#: Code that turns text into names or code (`getattr(shutil, "rmtree")`, `eval("...")`, decoding): what
+#: its strings say may be what it does.
+_TEXT_TO_CODE = re.compile(
+    r"getattr|__import__|importlib|\beval\b|\bexec\b|\bcompile\b|globals|locals|\bvars\b|__dict__|"
+    r"__builtins__|decode|fromhex|b64|base64|codecs|\bchr\b|\bpack\b|\bsend\b|\bFunction\b|\bload"
+)
+
+
+_TELLS = re.compile(r"[(;]")  # a string that may hold code calls or sequences something
+#: Quoted strings only: backticks run a command in perl, ruby and php (`` `rm -rf /` ``).
+_QUOTED = re.compile(r"'(?:[^'\\\n]|\\.)*'|\"(?:[^\"\\\n]|\\.)*\"")
+
+
+def _acting(code: str) -> str:
+    """The code with what its string literals say blanked (`print("shutil.rmtree")` deletes nothing),
+    unless it turns text into names or code, when the strings may be what it does. The literals
+    themselves are still judged as commands it may run and files it may write."""
+    bare = _QUOTED.sub(lambda m: '""' + "\n" * m.group(0).count("\n"), code)  # lines stay where they are
+    return code if _TEXT_TO_CODE.search(bare) else bare
+
+
 def _literals(code: str) -> list[str]:
     return [re.sub(r"\\(.)", r"\1", "".join(groups)) for groups in _LITERAL.findall(code)]
 
@@ -275,15 +296,20 @@ def judge_code(j: Judge, language: str, code: str, *, whole_file: bool = False) 
     """
     literals = _literals(code)
     shown = f"inline {language} code" if not whole_file else f"{language} code"
+    original, code = code, _acting(code)
     if re.search(r"\bfork\b", code) and re.search(r"\b(while|for|loop|until|do)\b", code):
         return Verdict("hardline", f"is a fork bomb, which freezes the machine ({shown})", "fork_bomb")
     findings: list[Verdict] = []
     if re.search(_EXEC[language], code):
         commands = [j.script(text) for text in literals if text.strip()]
         commands.append(j.script(" ".join(literals)))
+        if code is original:  # `exec("shutil.rmtree('/')")`: a string may be code of the language itself
+            inner = (judge_code(j, language, text) for text in literals if _TELLS.search(text))
+            commands += [v for v in inner if v.tier == "hardline"]
         findings += [Verdict("dangerous", f"starts other programs from {shown}", "inline_code"), *commands]
     if _DELETE_TREE.search(code):
-        where = [line for line in code.splitlines() if _DELETE_TREE.search(line)] if whole_file else [code]
+        lines = zip(original.splitlines(), code.splitlines(), strict=False)
+        where = [line for line, seen in lines if _DELETE_TREE.search(seen)] if whole_file else [original]
         if any(_deletes_broadly(j, part) for part in where):
             return Verdict(
                 "hardline",
@@ -296,7 +322,7 @@ def judge_code(j: Judge, language: str, code: str, *, whole_file: bool = False) 
     if _DELETE.search(code):
         findings.append(Verdict("dangerous", f"deletes files from {shown}", "inline_code"))
     if findings or _WRITE.search(code):
-        if re.search(r"mibyan", code, re.IGNORECASE):  # a path into mibyan's files, however it is built
+        if re.search(r"mibyan", original, re.IGNORECASE):  # a path into mibyan's files, however it is built
             if not whole_file or any(_MIBYAN_PATH.search(text) for text in literals):
                 return Verdict("hardline", f"writes to mibyan's own files from {shown}", "protected")
             findings.append(Verdict("dangerous", f"writes files and names mibyan in {shown}", "inline_code"))

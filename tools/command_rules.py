@@ -418,7 +418,7 @@ def judge_invocation(j: Judge, words: Sequence[Word], feed: Feed) -> Verdict:
     if program is not None:
         verdict = judge_spec(program, j, name, words[1:], feed)
     else:
-        verdict = judge_unknown(j, name, words[1:])
+        verdict = judge_unknown(j, name, words[1:], feed, lambda other: spec_for(other) is not None)
     if "/" in words[0].text:  # `./run.sh`: what it runs is the file's text, unless it is a binary
         if words[0].dynamic or j.written(words[0]) is not None:
             verdict = combine([verdict, script_file(j, name, words[0], j.script_at)])

@@ -1,17 +1,26 @@
 """A program the judge has no spec for: judged by what its arguments may make it do.
 
-Whatever it is, an argument naming a place whose content runs by itself later or grants access
-(a shell's start-up file, `~/.ssh`, a crontab, a systemd unit, a git hook, mibyan's own files) may be
-a file it writes: asked, as a write there through a known writer is.
+It may be a wrapper the table does not list (`chrt -f 1 CMD`, `setarch x86_64 CMD`, `cgexec -g x CMD`):
+wherever its arguments hold a program the judge knows followed by arguments, the rest is judged as a
+command it may run, so no wrapper makes a hardline command less than hardline. What is only uncertain
+about such a reading (a script file of that name that does not exist: `apt install python3 git`) is
+left out. And whatever it is, an argument naming a place whose content runs by itself later or grants
+access (a shell's start-up file, `~/.ssh`, a crontab, a systemd unit, a git hook, mibyan's own files)
+may be a file it writes: asked, as a write there through a known writer is.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
+from collections.abc import Callable, Sequence
 
 from mibyan.tools.approval import SAFE, Verdict
 from mibyan.tools.command_paths import runs_by_itself
-from mibyan.tools.command_words import Judge, Word, combine
+from mibyan.tools.command_words import Feed, Judge, Word, combine, command_name
+
+_MAX_READINGS = 8  # places in one command's arguments read as the command it may run
+#: Kinds of finding that come only from reading an argument as a command it may not be.
+_UNCERTAIN = ("unreadable_script", "dynamic_command", "dynamic_write", "dynamic_path", "pipe_to_shell")
 
 
 def _named_places(j: Judge, name: str, args: Sequence[Word]) -> Verdict:
@@ -29,6 +38,34 @@ def _named_places(j: Judge, name: str, args: Sequence[Word]) -> Verdict:
     return SAFE
 
 
-def judge_unknown(j: Judge, name: str, args: Sequence[Word]) -> Verdict:
-    """Judge a command whose program the judge has no spec for."""
-    return combine([_named_places(j, name, args)])
+def _may_run(j: Judge, word: Word, followed: bool, known: Callable[[str], bool]) -> bool:
+    """Whether `word` may be a command the unknown program runs: a program the judge knows, followed by
+    arguments, or a program file on disk (`./x.sh`), which the judge reads."""
+    if known(command_name(word)):
+        return followed
+    return "/" in word.text and any(os.access(p, os.X_OK) and p.is_file() for p in j.resolve(word.text))
+
+
+def _wrapped(j: Judge, name: str, args: Sequence[Word], feed: Feed, known: Callable[[str], bool]) -> Verdict:
+    findings: list[Verdict] = []
+    starts = [i for i, w in enumerate(args) if not w.dynamic and _may_run(j, w, i < len(args) - 1, known)]
+    for start in starts[:_MAX_READINGS]:
+        inner = j.run(args[start:], feed)
+        if inner.tier == "hardline":
+            return inner
+        program = not known(command_name(args[start]))  # a program file: only what never runs counts
+        if (
+            inner.tier == "dangerous"
+            and not program
+            and not any(k in _UNCERTAIN for k in inner.key.split("+"))
+        ):
+            reason = f"may run a command that {inner.reason} ({name}, which mibyan has no rule for)"
+            findings.append(Verdict("dangerous", reason, inner.key, inner.ask_every_time))
+    return combine(findings)
+
+
+def judge_unknown(
+    j: Judge, name: str, args: Sequence[Word], feed: Feed, known: Callable[[str], bool]
+) -> Verdict:
+    """Judge a command whose program the judge has no spec for; `known` tells the programs it has."""
+    return combine([_wrapped(j, name, args, feed, known), _named_places(j, name, args)])
