@@ -24,32 +24,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 from mibyan.tools.judge_policy import JudgePolicy
+from mibyan.tools.verdict import SAFE as SAFE  # what callers import from here
+from mibyan.tools.verdict import Tier as Tier
+from mibyan.tools.verdict import Verdict as Verdict
 
 if TYPE_CHECKING:
     from mibyan.core.interruptible import InterruptSignal
 
-Tier = Literal["safe", "dangerous", "hardline"]
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """The judgement of one command: its tier, and for the user a reason with a stable key.
-
-    The reason is a clause that reads after "This command ": "deletes a folder and everything in it (rm -r)".
-    `ask_every_time`: the user answers each such call; --yolo and earlier answers never cover it.
-    """
-
-    tier: Tier
-    reason: str = ""
-    key: str = ""
-    ask_every_time: bool = False
-
-    @property
-    def needs_approval(self) -> bool:
-        return self.tier == "dangerous"
-
-
-SAFE = Verdict("safe")
 _UNJUDGED = Verdict("hardline", "could not be judged by mibyan (see the log)", "unjudged")
 log = logging.getLogger("mibyan.approval")
 OUTSIDE_SANDBOX_REASON = "runs outside the sandbox"

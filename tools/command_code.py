@@ -13,11 +13,12 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-from mibyan.tools.approval import SAFE, Verdict
-from mibyan.tools.command_files import Reader, judge_script_file
+from mibyan.tools.command_files import Reader, script_file
+from mibyan.tools.command_imports import imports, local_module
 from mibyan.tools.command_mibyan import is_mibyan_module, judge_mibyan
 from mibyan.tools.command_paths import is_broad
 from mibyan.tools.command_words import Feed, Judge, Stream, Word, combine
+from mibyan.tools.verdict import SAFE, Verdict
 
 SHELLS = frozenset(
     ["sh", "bash", "zsh", "dash", "ksh", "mksh", "ash", "fish", "csh", "tcsh", "rbash", "yash", "posh"]
@@ -131,27 +132,6 @@ def _code_word(word: Word, judge_text: Callable[[str], Verdict], what: str) -> V
     return Verdict("dangerous", f"runs {what} that is only known when it runs", "dynamic_command")
 
 
-def script_file(
-    j: Judge, name: str, word: Word, reader: Reader, *, search: str = "", again: Verdict | None = None
-) -> Verdict:
-    """Running a script file: judged by what this very command wrote to it, or else by what it holds on
-    disk (tools/command_files.py); a file only known when it runs asks."""
-    if word.dynamic:
-        return Verdict(
-            "dangerous",
-            f"runs a script that is only known when it runs ({name} {word.text})",
-            "pipe_to_shell",
-        )
-    content = j.written(word)
-    if isinstance(content, str):
-        return reader(content)[0]
-    if content is not None:
-        return Verdict("dangerous", f"runs a script it has just written ({word.text})", "pipe_to_shell")
-    if not word.text:
-        return SAFE  # `BASH_ENV=`: no file
-    return judge_script_file(j, word, reader, what=f"the script {word.text}", search=search, again=again)
-
-
 def code_reader(j: Judge, language: str) -> Reader:
     return lambda text: code_at(j, language, text)
 
@@ -211,9 +191,7 @@ def judge_interpreter(j: Judge, name: str, args: list[Word], feed: Feed) -> Verd
                 module = text[position + 1 :] or (args[i + 1].text if i + 1 < len(args) else "")
                 if is_mibyan_module(module):
                     return judge_mibyan(args[i + 1 :] if text[position + 1 :] else args[i + 2 :])
-                from mibyan.tools.command_imports import local_module
-
-                return local_module(j, name, module)
+                return local_module(j, name, module, lambda other: code_reader(j, other))
             in_place |= letter == "i" and language in ("perl", "ruby")
             if letter in code_letters or letter in valued:
                 attached = text[position + 1 :]
@@ -350,9 +328,7 @@ def _deletes_broadly(j: Judge, code: str) -> bool:
 
 def _inline_code(j: Judge, language: str, code: str) -> Verdict:
     """`python3 -c CODE`: the code, and the project's own modules it imports."""
-    from mibyan.tools.command_imports import imports
-
-    imported = imports(j, language, code)
+    imported = imports(j, language, code, lambda other: code_reader(j, other))
     return combine([judge_code(j, language, code), *(verdict for _, verdict in imported)])
 
 
@@ -362,10 +338,8 @@ def code_at(j: Judge, language: str, code: str) -> tuple[Verdict, int | None]:
     A Python script's imports of the project's own modules (found beside it, in the working
     directory) are judged with it: they run as soon as it starts.
     """
-    from mibyan.tools.command_imports import imports
-
     verdict = judge_code(j, language, code, whole_file=True)
-    imported = imports(j, language, code)
+    imported = imports(j, language, code, lambda other: code_reader(j, other))
     worst = combine([verdict, *(found for _, found in imported)])
     if worst.tier == "safe":
         return worst, None

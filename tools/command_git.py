@@ -13,9 +13,9 @@ import os
 import re
 from pathlib import Path
 
-from mibyan.tools.approval import SAFE, Verdict
 from mibyan.tools.command_spec import Scan
 from mibyan.tools.command_words import Feed, Judge, combine
+from mibyan.tools.verdict import SAFE, Verdict
 
 _COMMAND_KEYS = re.compile(
     r"^(alias\..+|core\.(pager|editor|sshcommand|fsmonitor|hookspath|askpass)|sequence\.editor|"

@@ -13,9 +13,9 @@ import os
 import re
 from pathlib import Path, PurePosixPath
 
-from mibyan.tools.approval import SAFE, Verdict
 from mibyan.tools.command_words import Judge, Word
 from mibyan.tools.path_policy import HOME_STARTUP
+from mibyan.tools.verdict import SAFE, Verdict
 
 SYSTEM_DIRS = frozenset(
     {

@@ -12,7 +12,6 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from mibyan.tools.approval import SAFE, Tier, Verdict
 from mibyan.tools.command_code import (
     INTERPRETERS,
     SHELLS,
@@ -20,9 +19,8 @@ from mibyan.tools.command_code import (
     judge_awk,
     judge_interpreter,
     judge_shell,
-    script_file,
 )
-from mibyan.tools.command_files import found_on_path, judge_program_file
+from mibyan.tools.command_files import found_on_path, judge_program_file, script_file
 from mibyan.tools.command_mibyan import judge_mibyan
 from mibyan.tools.command_paths import broad_target
 from mibyan.tools.command_spec import Scan, Spec, judge_spec, spec
@@ -30,6 +28,7 @@ from mibyan.tools.command_system import FORMATTERS, SYSTEM_SPECS
 from mibyan.tools.command_targets import TARGET_SPECS
 from mibyan.tools.command_unknown import judge_unknown
 from mibyan.tools.command_words import Feed, Judge, Word, combine, command_name
+from mibyan.tools.verdict import SAFE, Tier, Verdict
 
 #: The programs that run a command after their own options: (names, options that take a value,
 #: operands before the command, options that make them run nothing, examples). Adding one is a line.

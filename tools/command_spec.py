@@ -14,8 +14,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from mibyan.tools.approval import SAFE, Tier, Verdict
 from mibyan.tools.command_words import Feed, Judge, Word, combine
+from mibyan.tools.verdict import SAFE, Tier, Verdict
 
 #: What a program's operands are: files it reads (and so changes nothing, secrets aside) or writes or
 #: deletes (`action` says how), the command it runs after its own options (a wrapper), or shell text

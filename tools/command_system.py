@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import re
 
-from mibyan.tools.approval import SAFE, Verdict
 from mibyan.tools.command_paths import broad_target, in_system_tree, is_disk
 from mibyan.tools.command_spec import Scan, Spec, spec
 from mibyan.tools.command_words import Feed, Judge, Stream, Word, combine
+from mibyan.tools.verdict import SAFE, Verdict
 
 POWER = {"shutdown", "reboot", "halt", "poweroff"}
 DISK_TOOLS = {"fdisk", "sfdisk", "cfdisk", "parted", "gdisk", "sgdisk", "blkdiscard", "badblocks", "shred"}

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import re
 
-from mibyan.tools.approval import SAFE, Verdict
-from mibyan.tools.command_code import script_file
+from mibyan.tools.command_files import script_file
 from mibyan.tools.command_paths import broad_target, holds_code_places
 from mibyan.tools.command_spec import Scan, Spec, spec
 from mibyan.tools.command_words import Feed, Judge, Word, combine
+from mibyan.tools.verdict import SAFE, Verdict
 
 
 def _tee(j: Judge, name: str, scan: Scan, feed: Feed) -> Verdict:

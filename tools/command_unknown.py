@@ -14,9 +14,9 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 
-from mibyan.tools.approval import SAFE, Verdict
 from mibyan.tools.command_paths import runs_by_itself
 from mibyan.tools.command_words import Feed, Judge, Word, combine, command_name
+from mibyan.tools.verdict import SAFE, Verdict
 
 _MAX_READINGS = 8  # places in one command's arguments read as the command it may run
 #: Kinds of finding that come only from reading an argument as a command it may not be.

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from mibyan.tools.approval import SAFE, Verdict
+from mibyan.tools.verdict import SAFE, Verdict
 
 if TYPE_CHECKING:
     from mibyan.tools.command_files import Contents
