@@ -43,6 +43,8 @@ UNLISTED_WRAPPERS = [
     "proxychains4 -q {}",
     "mywrapper --level 3 -- {}",
     "nohup chrt -f 1 nice {}",
+    "mywrapper --run={}",
+    "runuser -u me -- {}",
 ]
 CARRIERS = [
     "bash -c {quoted}",
@@ -55,6 +57,10 @@ CARRIERS = [
     "echo {python} | python3",
     "python3 -c {python}",
     "chrt -f 1 python3 -c {python}",
+    "tmux new-session -d {quoted}",
+    "sg staff -c {quoted}",
+    "at now <<< {quoted}",
+    "echo {quoted} | at midnight",
 ]
 
 
@@ -122,3 +128,9 @@ def test_what_merely_looks_alike_runs_unasked(command: str, tmp_path: Path) -> N
 )
 def test_what_inline_code_or_an_unlisted_wrapper_writes_or_deletes_asks(command: str, tmp_path: Path) -> None:
     assert _tier(command, tmp_path) == "dangerous"
+
+
+def test_a_computed_word_that_may_be_a_known_program_is_read_as_the_command_it_may_run(
+    tmp_path: Path,
+) -> None:
+    assert _tier('mywrapper "$(echo rm)" -rf /', tmp_path) == "hardline"

@@ -9,7 +9,6 @@ tools/command_paths.py). `SPECS` is the whole table.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 
 from mibyan.tools.command_code import (
@@ -28,79 +27,8 @@ from mibyan.tools.command_system import FORMATTERS, SYSTEM_SPECS
 from mibyan.tools.command_targets import TARGET_SPECS
 from mibyan.tools.command_unknown import judge_unknown
 from mibyan.tools.command_words import Feed, Judge, Word, combine, command_name
-from mibyan.tools.verdict import SAFE, Tier, Verdict
-
-#: The programs that run a command after their own options: (names, options that take a value,
-#: operands before the command, options that make them run nothing, examples). Adding one is a line.
-_WRAPPERS: list[tuple[str, str, int, str, dict[str, Tier]]] = [
-    ("sudo", "-u -g -C -h -p -r -t -U -D -R -T --user --group --host --prompt --role --chdir", 0, "", {}),
-    ("doas", "-u -C", 0, "", {}),
-    ("pkexec", "--user", 0, "", {}),
-    ("run0", "-u -D --user --unit --property --description --slice --chdir --setenv", 0, "", {}),
-    ("nice", "-n --adjustment", 0, "", {"nice -n 5 rm -rf /": "hardline"}),
-    ("ionice", "-c -n -p -P -u -t --class --classdata", 0, "", {"ionice -c3 rm -rf ~": "hardline"}),
-    ("timeout", "-s -k --signal --kill-after", 1, "", {"timeout -s KILL 5 rm -rf /": "hardline"}),
-    ("nohup", "", 0, "", {}),
-    ("time", "-f -o --format --output", 0, "", {}),
-    ("exec", "-a", 0, "", {"exec -a x rm -rf /": "hardline"}),
-    ("builtin", "", 0, "", {}),
-    ("coproc", "", 0, "", {}),
-    ("stdbuf", "-i -o -e --input --output --error", 0, "", {"stdbuf -oL rm -rf /": "hardline"}),
-    ("chronic", "", 0, "", {}),
-    ("unbuffer", "", 0, "", {}),
-    ("setsid", "", 0, "", {}),
-    ("caffeinate", "-w -t", 0, "", {}),
-    ("strace", "-o -e -p -s -u -a -b -E -I -O -P -S -X", 0, "", {"strace -f -o t.log rm -rf /": "hardline"}),
-    ("ltrace", "-o -e -p -s -u -a -n", 0, "", {}),
-    ("chroot", "--userspec --groups", 1, "", {"chroot /srv/jail rm -rf /": "hardline"}),
-    ("unshare", "", 0, "", {}),
-    ("nsenter", "-t -S -G --target", 0, "", {}),
-    ("systemd-run", "-p -u -E --unit --property --description --slice --setenv -M", 0, "", {}),
-    ("firejail", "", 0, "", {}),
-    ("busybox", "", 0, "", {"busybox rm -rf /": "hardline"}),
-    ("toybox", "", 0, "", {}),
-    ("flock", "-w -E --timeout --conflict-exit-code", 1, "", {"flock /tmp/lock -c 'rm -rf ~'": "hardline"}),
-    ("taskset", "", 1, "-p --pid", {"taskset -c 0 rm -rf /": "hardline"}),
-    ("valgrind", "", 0, "", {}),
-    ("catchsegv", "", 0, "", {}),
-    ("xvfb-run", "-n -s -e -f -p", 0, "", {}),
-]
-_ELEVATING = {"sudo", "doas", "pkexec", "run0"}
-
-
-def _wrapper_spec(name: str, valued: str, skip: int, harmless: str, examples: dict[str, Tier]) -> Spec:
-    command = f"{name} rm -r build" if skip == 0 else f"{name} x rm -r build"
-    quiet = f"{name} ls -la" if skip == 0 else f"{name} x ls -la"
-    return spec(
-        name,
-        valued=valued,
-        code="-c --command" if name == "flock" else "",
-        operands="runs",
-        skip=skip,
-        harmless=harmless,
-        elevates=name in _ELEVATING,
-        should_match={command: "dangerous", **examples},
-        should_not_match=[] if name in _ELEVATING else [quiet],
-    )
-
-
-def _env(j: Judge, name: str, scan: Scan, feed: Feed) -> Verdict:
-    from mibyan.tools.command_git import changes_git_guard
-
-    for split in scan.given("-S", "--split-string"):
-        # `env -S "rm -rf /"`: the string is split into words like a tiny shell
-        return j.script(" ".join([split.text, *(w.text for w in scan.args[scan.start :])]), feed)
-    changed = [w.text for w in scan.given("-u", "--unset")]
-    clears = bool({"-i", "--ignore-environment"} & scan.flags)
-    command = scan.args[scan.start :]
-    while command and (command[0].text == "-" or _ASSIGNMENT.match(command[0].text)):
-        clears |= command[0].text == "-"
-        changed.append(command[0].text.partition("=")[0])
-        command = command[1:]
-    return combine([changes_git_guard(changed, clears=clears), j.run(command, feed)])
-
-
-_ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
+from mibyan.tools.command_wrappers import WRAPPER_SPECS
+from mibyan.tools.verdict import SAFE, Verdict
 
 
 def _eval(j: Judge, name: str, args: list[Word], feed: Feed) -> Verdict:
@@ -248,30 +176,22 @@ def _interpreter(j: Judge, name: str, scan: Scan, feed: Feed) -> Verdict:
     return judge_interpreter(j, name, scan.args, feed)
 
 
+def _awk(j: Judge, name: str, scan: Scan, feed: Feed) -> Verdict:
+    """awk's program; with gawk's `-i inplace` (`--include=inplace`) its files are edited."""
+    texts = [w.text for w in scan.args]
+    pairs = zip(texts, [*texts[1:], ""], strict=False)
+    in_place = any(
+        (a in ("-i", "--include") and b == "inplace") or a in ("-iinplace", "--include=inplace")
+        for a, b in pairs
+    )
+    files = [w for w in scan.args if not w.text.startswith("-") and w.text != "inplace"]
+    scripted = any(t in ("-f", "--file", "-e", "--source") for t in texts)
+    edited = files if scripted else files[1:]
+    return combine([judge_awk(j, scan.args), *(j.write(w, "edits") for w in edited if in_place)])
+
+
 RUNNER_SPECS: tuple[Spec, ...] = (
-    *(_wrapper_spec(*row) for row in _WRAPPERS),
-    spec(
-        "env",
-        valued="-u -C --unset --chdir -S --split-string",
-        ordered=True,
-        check=_env,
-        should_match={"env -S 'rm -rf /'": "hardline", "env -i PATH=/bin rm -rf ~": "hardline"},
-        should_not_match=["env", "env FOO=1 make test"],
-    ),
-    spec(
-        "command",
-        operands="runs",
-        harmless="-v -V",
-        should_match={"command -p rm -rf /": "hardline"},
-        should_not_match=["command -v rm", "command ls"],
-    ),
-    spec(
-        "watch",
-        valued="-n --interval -q --equexit",
-        operands="script",
-        should_match={"watch -n 1 rm -rf /": "hardline", "watch 'rm -r build'": "dangerous"},
-        should_not_match=["watch -n 2 ls -la"],
-    ),
+    *WRAPPER_SPECS,
     spec(
         "eval",
         check=_eval_check,
@@ -383,8 +303,11 @@ RUNNER_SPECS: tuple[Spec, ...] = (
     ),
     spec(
         "awk gawk mawk nawk",
-        check=lambda j, name, scan, feed: judge_awk(j, scan.args),
-        should_match={"awk 'BEGIN { system(\"rm -rf /\") }'": "hardline"},
+        check=_awk,
+        should_match={
+            "awk 'BEGIN { system(\"rm -rf /\") }'": "hardline",
+            "gawk -i inplace '{ print }' ~/.bashrc": "dangerous",
+        },
         should_not_match=["awk '{ print $1 }' notes.txt", "awk -F: '{ print $1 }' /etc/passwd"],
     ),
 )

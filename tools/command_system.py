@@ -25,7 +25,6 @@ ADMIN = {
     "groupdel",
     "chpasswd",
     "chsh",
-    "runuser",
 }
 SQL_CLIENTS = {"psql", "mysql", "mariadb", "sqlite3", "sqlcmd", "duckdb", "clickhouse-client", "cockroach"}
 _SQL = re.compile(
@@ -84,7 +83,14 @@ def _power(j: Judge, name: str, scan: Scan, feed: Feed) -> Verdict:
     targets = [t for t in positional[1:] if t.removesuffix(".target") in stops]
     if name == "systemctl" and positional[:1] and positional[0] in ("start", "isolate") and targets:
         return Verdict("hardline", f"shuts down or restarts the machine (systemctl {targets[0]})", "power")
+    if name == "systemctl" and positional[:1] and positional[0] in _STARTS_LATER:
+        # a unit enabled or edited starts by itself later (at boot, at login), whatever it runs
+        reason = f"makes a service start by itself later (systemctl {positional[0]})"
+        return Verdict("dangerous", reason, "system_admin")
     return SAFE
+
+
+_STARTS_LATER = {"enable", "reenable", "link", "edit", "preset", "preset-all", "set-environment", "revert"}
 
 
 def _kill(j: Judge, name: str, scan: Scan, feed: Feed) -> Verdict:
@@ -218,6 +224,7 @@ SYSTEM_SPECS: tuple[Spec, ...] = (
         " ".join([*sorted(POWER), "init", "telinit", "systemctl", "loginctl"]),
         check=_power,
         should_match={
+            "systemctl --user enable ./x.service": "dangerous",
             "shutdown -h now": "hardline",
             "init 0": "hardline",
             "systemctl start reboot.target": "hardline",

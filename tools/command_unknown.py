@@ -6,7 +6,8 @@ command it may run, so no wrapper makes a hardline command less than hardline. W
 about such a reading (a script file of that name that does not exist: `apt install python3 git`) is
 left out. And whatever it is, an argument naming a place whose content runs by itself later or grants
 access (a shell's start-up file, `~/.ssh`, a crontab, a systemd unit, a git hook, mibyan's own files)
-may be a file it writes: asked, as a write there through a known writer is.
+may be a file it writes: asked, as a write there through a known writer is. An argument that reads as
+a command line (`tmux new -d '...'`) is judged as one too, keeping only what never runs.
 """
 
 from __future__ import annotations
@@ -46,14 +47,32 @@ def _may_run(j: Judge, word: Word, followed: bool, known: Callable[[str], bool])
     return "/" in word.text and any(os.access(p, os.X_OK) and p.is_file() for p in j.resolve(word.text))
 
 
+def _readings(j: Judge, args: Sequence[Word], known: Callable[[str], bool]) -> list[list[Word]]:
+    """The commands the arguments may hold: from a known program (or program file) on, a known name
+    guessed for a word only known when it runs (`"$(echo rm)" -rf /`), or after an option's `=`
+    (`--exec=rm -rf /`)."""
+    found: list[list[Word]] = []
+    for i, word in enumerate(args):
+        followed = i < len(args) - 1
+        if word.dynamic:
+            guesses = [g for g in word.guesses if known(command_name(Word(g)))]
+            found += [[Word(g), *args[i + 1 :]] for g in guesses[:2] if followed]
+        elif _may_run(j, word, followed, known):
+            found.append(list(args[i:]))
+        elif word.text.startswith("-") and "=" in word.text:
+            value = Word(word.text.partition("=")[2])
+            if value.text and _may_run(j, value, followed, known):
+                found.append([value, *args[i + 1 :]])
+    return found[:_MAX_READINGS]
+
+
 def _wrapped(j: Judge, name: str, args: Sequence[Word], feed: Feed, known: Callable[[str], bool]) -> Verdict:
     findings: list[Verdict] = []
-    starts = [i for i, w in enumerate(args) if not w.dynamic and _may_run(j, w, i < len(args) - 1, known)]
-    for start in starts[:_MAX_READINGS]:
-        inner = j.run(args[start:], feed)
+    for words in _readings(j, args, known):
+        inner = j.run(words, feed)
         if inner.tier == "hardline":
             return inner
-        program = not known(command_name(args[start]))  # a program file: only what never runs counts
+        program = not known(command_name(words[0]))  # a program file: only what never runs counts
         if (
             inner.tier == "dangerous"
             and not program
@@ -64,8 +83,20 @@ def _wrapped(j: Judge, name: str, args: Sequence[Word], feed: Feed, known: Calla
     return combine(findings)
 
 
+def _shell_text(j: Judge, args: Sequence[Word]) -> Verdict:
+    """An argument that reads as a command line (`tmux new 'rm -rf /'`, `sg grp -c '...'`) may be one the
+    program hands to a shell: what would never run as such never runs here either."""
+    for word in args:
+        if not word.dynamic and any(c in word.text for c in " \t;|&\n"):
+            verdict = j.script(word.text)
+            if verdict.tier == "hardline":
+                return verdict
+    return SAFE
+
+
 def judge_unknown(
     j: Judge, name: str, args: Sequence[Word], feed: Feed, known: Callable[[str], bool]
 ) -> Verdict:
     """Judge a command whose program the judge has no spec for; `known` tells the programs it has."""
-    return combine([_wrapped(j, name, args, feed, known), _named_places(j, name, args)])
+    found = [_wrapped(j, name, args, feed, known), _shell_text(j, args), _named_places(j, name, args)]
+    return combine(found)
