@@ -139,6 +139,11 @@ def init_agent(agent: AIAgent, options: AgentOptions) -> None:
     )
     if options.unasked is not None:
         agent.tools.approvals.unasked = options.unasked
+    agent.tools.approvals.confined = agent.sandbox.active
+    if options.yolo and not agent.sandbox.active:
+        from mibyan.tools.approval import YOLO_UNCONFINED
+
+        _tell(agent.callbacks, options.source, YOLO_UNCONFINED)
     agent.tools.approvals.subagents_ask = options.subagents_ask
     agent.compress_between_turns = options.compress_between_turns
     agent.delegation_depth = options.delegation_depth
@@ -211,13 +216,19 @@ def make_sandbox(
     )
     warning = sandbox.warning()
     if warning is not None and warn_unconfined_once():
-        if source == "cli":
-            sys.stderr.write(f"mibyan: {warning}\n")
-        elif callbacks.status_callback is not None:
-            callbacks.emit("status_callback", "sandbox", warning)
-        else:
-            logging.getLogger("mibyan.sandbox").warning(warning)
+        _tell(callbacks, source, warning)
     return sandbox
+
+
+def _tell(callbacks: Any, source: str, warning: str) -> None:
+    """Say what the user must know of the sandbox at start: on stderr for the command line, else through
+    `status_callback`, else in the log."""
+    if source == "cli":
+        sys.stderr.write(f"mibyan: {warning}\n")
+    elif callbacks.status_callback is not None:
+        callbacks.emit("status_callback", "sandbox", warning)
+    else:
+        logging.getLogger("mibyan.sandbox").warning(warning)
 
 
 def context_window(settings: AgentSettings, runtime: ProviderRuntime, home: Path) -> int:
