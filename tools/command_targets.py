@@ -7,6 +7,7 @@ the source away, and a link into mibyan's home would let a later write reach it.
 
 from __future__ import annotations
 
+import os
 import re
 
 from mibyan.tools.command_files import script_file
@@ -40,12 +41,20 @@ def _copies_contents(name: str, scan: Scan) -> bool:
     return "-T" in scan.flags or any(w.text.endswith(("/.", "/./")) or w.pattern for w in sources)
 
 
+def _is_folder(j: Judge, word: Word, sources: int) -> bool:
+    """Whether the destination `word` is a folder the sources go into (`-t DIR`, `DEST/`, several
+    sources, or a folder that exists)."""
+    text = word.text
+    return sources > 1 or text.endswith("/") or any(os.path.isdir(p) for p in j.resolve(text))
+
+
 def _copy(j: Judge, name: str, scan: Scan, feed: Feed) -> Verdict:
     """cp, mv, install, ln, rsync, scp: the destination is the last operand, or `-t DIR`."""
     target = scan.value("-t", "--target-directory")
     findings = []
     if target is not None:
         findings.append(j.write(target, "writes into"))
+        target = Word(target.text.rstrip("/") + "/", target.dynamic)
         destinations: list[Word] = []
     else:
         destinations = scan.operands[-1:]
@@ -62,6 +71,11 @@ def _copy(j: Judge, name: str, scan: Scan, feed: Feed) -> Verdict:
                 "hardline", f"deletes everything in {broad} that the source lacks (rsync --delete)", "rm_root"
             )
     moved = scan.operands if target is not None else scan.operands[:-1]
+    folder = target if target is not None else (destinations[0] if destinations else None)
+    if folder is not None and not folder.dynamic and _is_folder(j, folder, len(moved)):
+        # `mv -t ~ .bashrc`, `cp .bashrc ~`: each source lands in the folder under its own name
+        landed = (Word(os.path.join(folder.text, os.path.basename(w.text.rstrip("/")))) for w in moved)
+        findings += [j.write(w, "writes to") for w in landed if not w.text.endswith("/")]
     if name in ("mv", "ln"):
         findings += [j.write(w, "moves or links" if name == "mv" else "links to") for w in moved]
     if name == "mv":  # moving the root, the home or a system folder away wrecks as surely as deleting it
@@ -246,6 +260,8 @@ TARGET_SPECS: tuple[Spec, ...] = (
             "rsync -a dotfiles/ ~/": "dangerous",
             "cp -r dotfiles/. ~": "dangerous",
             "cp -rT dotfiles ~": "dangerous",
+            "mv -t ~ .bashrc": "dangerous",
+            "cp .profile ~/": "dangerous",
             "cp x /etc/cron.d/job": "dangerous",
             "install -m 644 x.service ~/.config/systemd/user/": "dangerous",
         },
