@@ -139,6 +139,11 @@ def init_agent(agent: AIAgent, options: AgentOptions) -> None:
     )
     if options.unasked is not None:
         agent.tools.approvals.unasked = options.unasked
+    agent.tools.approvals.confined = agent.sandbox.active
+    if options.yolo and not agent.sandbox.active:
+        from mibyan.tools.approval import YOLO_UNCONFINED
+
+        _tell(agent.callbacks, options.source, YOLO_UNCONFINED)
     agent.tools.approvals.subagents_ask = options.subagents_ask
     agent.compress_between_turns = options.compress_between_turns
     agent.delegation_depth = options.delegation_depth

@@ -45,6 +45,7 @@ HOSTILE: list[tuple[str, str]] = [
     ("timeout -s KILL 5 rm -rf build", "dangerous"),
     ("timeout -s KILL 5 rm -rf /", "hardline"),
     ("watch -n 1 rm -rf /", "hardline"),
+    ("dd if=x of=~/.bashrc", "dangerous"),  # bash expands `~` after the `=` of NAME=~ arguments
     ("flock /tmp/lock -c 'rm -rf ~'", "hardline"),
     # names computed at run time
     ("$(echo rm) -rf build", "dangerous"),

@@ -24,32 +24,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 from mibyan.tools.judge_policy import JudgePolicy
+from mibyan.tools.verdict import SAFE as SAFE  # what callers import from here
+from mibyan.tools.verdict import Tier as Tier
+from mibyan.tools.verdict import Verdict as Verdict
 
 if TYPE_CHECKING:
     from mibyan.core.interruptible import InterruptSignal
 
-Tier = Literal["safe", "dangerous", "hardline"]
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """The judgement of one command: its tier, and for the user a reason with a stable key.
-
-    The reason is a clause that reads after "This command ": "deletes a folder and everything in it (rm -r)".
-    `ask_every_time`: the user answers each such call; --yolo and earlier answers never cover it.
-    """
-
-    tier: Tier
-    reason: str = ""
-    key: str = ""
-    ask_every_time: bool = False
-
-    @property
-    def needs_approval(self) -> bool:
-        return self.tier == "dangerous"
-
-
-SAFE = Verdict("safe")
 _UNJUDGED = Verdict("hardline", "could not be judged by mibyan (see the log)", "unjudged")
 log = logging.getLogger("mibyan.approval")
 OUTSIDE_SANDBOX_REASON = "runs outside the sandbox"
@@ -137,6 +118,20 @@ def classify_command(
         return _UNJUDGED
 
 
+#: The kinds of verdict that say the judge could not read what the command does: a syntax it does not
+#: know, a name, path or script only known when it runs, a script it cannot read or that is piped in.
+UNREAD_KINDS = frozenset(
+    ["unreadable", "unreadable_script", "dynamic_command", "dynamic_write", "dynamic_path", "pipe_to_shell"]
+)
+#: What the start line says when --yolo runs without a sandbox.
+YOLO_UNCONFINED = "--yolo without a sandbox: commands mibyan cannot read still ask"
+
+
+def unread(verdict: Verdict) -> bool:
+    """Whether the verdict asks (also) because the judge could not read what the command does."""
+    return any(part in UNREAD_KINDS for part in verdict.key.split("+"))
+
+
 def covered(key: str, approved: Iterable[str]) -> bool:
     """Whether earlier answers approve a verdict of kind `key`: the same kind, or each of its parts."""
     granted = set(approved)
@@ -182,6 +177,9 @@ class ApprovalPolicy:
     #: Whether a subagent's questions go to whoever this policy asks (a gateway's channel, which takes
     #: them one at a time), rather than being answered from this session's earlier answers.
     subagents_ask = False
+    #: Whether a sandbox confines the commands: without one, --yolo does not cover what the judge could
+    #: not read (those commands still ask, or are refused with nobody to ask).
+    confined = True
 
     def __init__(
         self,
@@ -209,7 +207,7 @@ class ApprovalPolicy:
             return True, ""
         if verdict.ask_every_time and self._ask is None:
             return False, f"not run: it {verdict.reason}; the user must say yes each time, even with --yolo"
-        if self.yolo and not verdict.ask_every_time:
+        if self.yolo and not verdict.ask_every_time and (self.confined or not unread(verdict)):
             return True, "approved by --yolo"
         with self._lock:  # one question at a time, and a second call of the same kind sees the answer
             if covered(verdict.key, self._approved) and not verdict.ask_every_time:

@@ -13,11 +13,12 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-from mibyan.tools.approval import SAFE, Verdict
-from mibyan.tools.command_files import Reader, judge_script_file
+from mibyan.tools.command_files import Reader, script_file
+from mibyan.tools.command_imports import imports, local_module
 from mibyan.tools.command_mibyan import is_mibyan_module, judge_mibyan
 from mibyan.tools.command_paths import is_broad
 from mibyan.tools.command_words import Feed, Judge, Stream, Word, combine
+from mibyan.tools.verdict import SAFE, Verdict
 
 SHELLS = frozenset(
     ["sh", "bash", "zsh", "dash", "ksh", "mksh", "ash", "fish", "csh", "tcsh", "rbash", "yash", "posh"]
@@ -131,27 +132,6 @@ def _code_word(word: Word, judge_text: Callable[[str], Verdict], what: str) -> V
     return Verdict("dangerous", f"runs {what} that is only known when it runs", "dynamic_command")
 
 
-def script_file(
-    j: Judge, name: str, word: Word, reader: Reader, *, search: str = "", again: Verdict | None = None
-) -> Verdict:
-    """Running a script file: judged by what this very command wrote to it, or else by what it holds on
-    disk (tools/command_files.py); a file only known when it runs asks."""
-    if word.dynamic:
-        return Verdict(
-            "dangerous",
-            f"runs a script that is only known when it runs ({name} {word.text})",
-            "pipe_to_shell",
-        )
-    content = j.written(word)
-    if isinstance(content, str):
-        return reader(content)[0]
-    if content is not None:
-        return Verdict("dangerous", f"runs a script it has just written ({word.text})", "pipe_to_shell")
-    if not word.text:
-        return SAFE  # `BASH_ENV=`: no file
-    return judge_script_file(j, word, reader, what=f"the script {word.text}", search=search, again=again)
-
-
 def code_reader(j: Judge, language: str) -> Reader:
     return lambda text: code_at(j, language, text)
 
@@ -211,9 +191,7 @@ def judge_interpreter(j: Judge, name: str, args: list[Word], feed: Feed) -> Verd
                 module = text[position + 1 :] or (args[i + 1].text if i + 1 < len(args) else "")
                 if is_mibyan_module(module):
                     return judge_mibyan(args[i + 1 :] if text[position + 1 :] else args[i + 2 :])
-                from mibyan.tools.command_imports import local_module
-
-                return local_module(j, name, module)
+                return local_module(j, name, module, lambda other: code_reader(j, other))
             in_place |= letter == "i" and language in ("perl", "ruby")
             if letter in code_letters or letter in valued:
                 attached = text[position + 1 :]
@@ -262,6 +240,27 @@ def judge_awk(j: Judge, args: list[Word]) -> Verdict:
     return _code_word(args[i], lambda code: judge_code(j, "awk", code), "awk code")
 
 
+#: Code that turns text into names or code (`getattr(shutil, "rmtree")`, `eval("...")`, decoding): what
+#: its strings say may be what it does.
+_TEXT_TO_CODE = re.compile(
+    r"getattr|__import__|importlib|\beval\b|\bexec\b|\bcompile\b|globals|locals|\bvars\b|__dict__|"
+    r"__builtins__|decode|fromhex|b64|base64|codecs|\bchr\b|\bpack\b|\bsend\b|\bFunction\b|\bload"
+)
+
+
+_TELLS = re.compile(r"[(;]")  # a string that may hold code calls or sequences something
+#: Quoted strings only: backticks run a command in perl, ruby and php (`` `rm -rf /` ``).
+_QUOTED = re.compile(r"'(?:[^'\\\n]|\\.)*'|\"(?:[^\"\\\n]|\\.)*\"")
+
+
+def _acting(code: str) -> str:
+    """The code with what its string literals say blanked (`print("shutil.rmtree")` deletes nothing),
+    unless it turns text into names or code, when the strings may be what it does. The literals
+    themselves are still judged as commands it may run and files it may write."""
+    bare = _QUOTED.sub(lambda m: '""' + "\n" * m.group(0).count("\n"), code)  # lines stay where they are
+    return code if _TEXT_TO_CODE.search(bare) else bare
+
+
 def _literals(code: str) -> list[str]:
     return [re.sub(r"\\(.)", r"\1", "".join(groups)) for groups in _LITERAL.findall(code)]
 
@@ -275,15 +274,20 @@ def judge_code(j: Judge, language: str, code: str, *, whole_file: bool = False) 
     """
     literals = _literals(code)
     shown = f"inline {language} code" if not whole_file else f"{language} code"
+    original, code = code, _acting(code)
     if re.search(r"\bfork\b", code) and re.search(r"\b(while|for|loop|until|do)\b", code):
         return Verdict("hardline", f"is a fork bomb, which freezes the machine ({shown})", "fork_bomb")
     findings: list[Verdict] = []
     if re.search(_EXEC[language], code):
         commands = [j.script(text) for text in literals if text.strip()]
         commands.append(j.script(" ".join(literals)))
+        if code is original:  # `exec("shutil.rmtree('/')")`: a string may be code of the language itself
+            inner = (judge_code(j, language, text) for text in literals if _TELLS.search(text))
+            commands += [v for v in inner if v.tier == "hardline"]
         findings += [Verdict("dangerous", f"starts other programs from {shown}", "inline_code"), *commands]
     if _DELETE_TREE.search(code):
-        where = [line for line in code.splitlines() if _DELETE_TREE.search(line)] if whole_file else [code]
+        lines = zip(original.splitlines(), code.splitlines(), strict=False)
+        where = [line for line, seen in lines if _DELETE_TREE.search(seen)] if whole_file else [original]
         if any(_deletes_broadly(j, part) for part in where):
             return Verdict(
                 "hardline",
@@ -296,7 +300,7 @@ def judge_code(j: Judge, language: str, code: str, *, whole_file: bool = False) 
     if _DELETE.search(code):
         findings.append(Verdict("dangerous", f"deletes files from {shown}", "inline_code"))
     if findings or _WRITE.search(code):
-        if re.search(r"mibyan", code, re.IGNORECASE):  # a path into mibyan's files, however it is built
+        if re.search(r"mibyan", original, re.IGNORECASE):  # a path into mibyan's files, however it is built
             if not whole_file or any(_MIBYAN_PATH.search(text) for text in literals):
                 return Verdict("hardline", f"writes to mibyan's own files from {shown}", "protected")
             findings.append(Verdict("dangerous", f"writes files and names mibyan in {shown}", "inline_code"))
@@ -324,9 +328,7 @@ def _deletes_broadly(j: Judge, code: str) -> bool:
 
 def _inline_code(j: Judge, language: str, code: str) -> Verdict:
     """`python3 -c CODE`: the code, and the project's own modules it imports."""
-    from mibyan.tools.command_imports import imports
-
-    imported = imports(j, language, code)
+    imported = imports(j, language, code, lambda other: code_reader(j, other))
     return combine([judge_code(j, language, code), *(verdict for _, verdict in imported)])
 
 
@@ -336,10 +338,8 @@ def code_at(j: Judge, language: str, code: str) -> tuple[Verdict, int | None]:
     A Python script's imports of the project's own modules (found beside it, in the working
     directory) are judged with it: they run as soon as it starts.
     """
-    from mibyan.tools.command_imports import imports
-
     verdict = judge_code(j, language, code, whole_file=True)
-    imported = imports(j, language, code)
+    imported = imports(j, language, code, lambda other: code_reader(j, other))
     worst = combine([verdict, *(found for _, found in imported)])
     if worst.tier == "safe":
         return worst, None

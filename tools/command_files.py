@@ -24,8 +24,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from mibyan.tools.approval import SAFE, Verdict
 from mibyan.tools.command_words import Judge, Word, combine
+from mibyan.tools.verdict import SAFE, Verdict
 
 MAX_BYTES = 256 * 1024  # one script; a larger one is not read, and asks
 TOTAL_BYTES = 2 * MAX_BYTES  # all the scripts one command runs
@@ -249,3 +249,24 @@ def _writable_path(entries: str, where: Path) -> tuple[tuple[int, Path], ...]:
         if any(folder == f or folder.startswith(f.rstrip("/") + "/") for f in free):
             folders.append((index, Path(folder)))
     return tuple(folders)
+
+
+def script_file(
+    j: Judge, name: str, word: Word, reader: Reader, *, search: str = "", again: Verdict | None = None
+) -> Verdict:
+    """Running a script file: judged by what this very command wrote to it, or else by what it holds on
+    disk; a file only known when it runs asks."""
+    if word.dynamic:
+        return Verdict(
+            "dangerous",
+            f"runs a script that is only known when it runs ({name} {word.text})",
+            "pipe_to_shell",
+        )
+    content = j.written(word)
+    if isinstance(content, str):
+        return reader(content)[0]
+    if content is not None:
+        return Verdict("dangerous", f"runs a script it has just written ({word.text})", "pipe_to_shell")
+    if not word.text:
+        return SAFE  # `BASH_ENV=`: no file
+    return judge_script_file(j, word, reader, what=f"the script {word.text}", search=search, again=again)

@@ -13,10 +13,10 @@ import os
 import re
 from pathlib import Path
 
-from mibyan.tools.approval import SAFE, Verdict
-from mibyan.tools.command_words import Feed, Judge, Word, combine
+from mibyan.tools.command_spec import Scan
+from mibyan.tools.command_words import Feed, Judge, combine
+from mibyan.tools.verdict import SAFE, Verdict
 
-_GLOBAL_VALUED = {"-C", "-c", "--git-dir", "--work-tree", "--namespace", "--exec-path", "--config-env"}
 _COMMAND_KEYS = re.compile(
     r"^(alias\..+|core\.(pager|editor|sshcommand|fsmonitor|hookspath|askpass)|sequence\.editor|"
     r"diff\.external|diff\..+\.(textconv|command)|merge\..+\.driver|filter\..+\.(clean|smudge|process)|"
@@ -57,25 +57,20 @@ def changes_git_guard(names: list[str], *, clears: bool = False) -> Verdict:
     )
 
 
-def judge_git(j: Judge, args: list[Word], feed: Feed) -> Verdict:
+def judge_git(j: Judge, scan: Scan, feed: Feed) -> Verdict:
+    """git's own options (`-c KEY=VALUE`, `-C DIR`), its subcommand, and what the repository runs."""
     findings: list[Verdict] = []
-    i = 0
+    for value in scan.given("-c"):
+        key, _, setting = value.text.partition("=")
+        findings.append(_config_command(j, key, setting))
     folder = j.cwd
-    while i < len(args) and args[i].text.startswith("-"):
-        option, eq, value = args[i].text.partition("=")
-        if option in _GLOBAL_VALUED and not eq:
-            value = args[i + 1].text if i + 1 < len(args) else ""
-            i += 1
-        if option == "-c":
-            key, _, setting = value.partition("=")
-            findings.append(_config_command(j, key, setting))
-        if option == "-C":
-            folder = folder / Path(value).expanduser()
-        i += 1
-    if i >= len(args):
+    for value in scan.given("-C"):
+        folder = folder / Path(value.text).expanduser()
+    command = scan.args[scan.start :]
+    if not command:
         return combine(findings)
-    sub = args[i].text
-    rest = [w.text for w in args[i + 1 :]]
+    sub = command[0].text
+    rest = [w.text for w in command[1:]]
     findings.append(_subcommand(j, sub, rest))
     findings.append(_repository_commands(j, folder, sub))
     return combine(findings)

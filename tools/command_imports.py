@@ -10,10 +10,11 @@ import cycle adds nothing. Modules found elsewhere (installed packages) are not 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
-from mibyan.tools.approval import SAFE, Verdict
-from mibyan.tools.command_code import code_reader, script_file
+from mibyan.tools.command_files import Reader, script_file
 from mibyan.tools.command_words import Judge, Word
+from mibyan.tools.verdict import SAFE, Verdict
 
 _IMPORT = re.compile(
     r"^[ \t]*(?:from[ \t]+([\w.]+)[ \t]+import[ \t]+\(?([\w, \t]*)|import[ \t]+([\w., \t]+))", re.MULTILINE
@@ -23,11 +24,16 @@ _IMPORT = re.compile(
 _NODE_IMPORT = re.compile(r"(?:require\s*\(\s*|\bfrom\s+|\bimport\s*\(?\s*)['\"](\.{1,2}/[^'\"\n]+)['\"]")
 
 
-def imports(j: Judge, language: str, code: str) -> list[tuple[int, Verdict]]:
+#: The reader of a language's script files (tools/command_code.py's `code_reader`), passed in: this module
+#: sits below the one that judges code.
+ReaderFor = Callable[[str], Reader]
+
+
+def imports(j: Judge, language: str, code: str, reader_for: ReaderFor) -> list[tuple[int, Verdict]]:
     """The verdicts of the project's own modules `code` imports, with the line of each import: Python's
     modules beside it, JavaScript's `./` and `../` files (found from the working directory)."""
     if language == "node":
-        return _node_imports(j, code)
+        return _node_imports(j, code, reader_for)
     if language != "python":
         return []
     found: list[tuple[int, Verdict]] = []
@@ -41,26 +47,28 @@ def imports(j: Judge, language: str, code: str) -> list[tuple[int, Verdict]]:
             names = match.group(3).split(",")
         for name in names:
             module = name.split()[0] if name.split() else ""  # `import a as b`
-            verdict = local_module(j, "python", module, imported=True)
+            verdict = local_module(j, "python", module, reader_for, imported=True)
             if verdict.tier != "safe":
                 found.append((code.count("\n", 0, match.start()) + 1, verdict))
     return found
 
 
-def _node_imports(j: Judge, code: str) -> list[tuple[int, Verdict]]:
+def _node_imports(j: Judge, code: str, reader_for: ReaderFor) -> list[tuple[int, Verdict]]:
     found: list[tuple[int, Verdict]] = []
     for match in _NODE_IMPORT.finditer(code):
         base = match.group(1)
         for candidate in (base, f"{base}.js", f"{base}.mjs", f"{base}.cjs", f"{base}/index.js"):
             if any(path.is_file() for path in j.resolve(candidate)):
-                verdict = script_file(j, "node", Word(candidate), code_reader(j, "node"), again=SAFE)
+                verdict = script_file(j, "node", Word(candidate), reader_for("node"), again=SAFE)
                 if verdict.tier != "safe":
                     found.append((code.count("\n", 0, match.start()) + 1, verdict))
                 break
     return found
 
 
-def local_module(j: Judge, name: str, module: str, *, imported: bool = False) -> Verdict:
+def local_module(
+    j: Judge, name: str, module: str, reader_for: ReaderFor, *, imported: bool = False
+) -> Verdict:
     """`python3 -m NAME` (or `import NAME`) runs the project's own NAME.py, or NAME/__main__.py (or
     NAME/__init__.py), before an installed module of that name."""
     if not re.fullmatch(r"[A-Za-z_][\w.]*", module):
@@ -74,5 +82,5 @@ def local_module(j: Judge, name: str, module: str, *, imported: bool = False) ->
         if any(path.is_file() for path in j.resolve(candidate)):
             # an import cycle (the module is being judged already) adds nothing: safe
             again = SAFE if imported else None
-            return script_file(j, name, Word(candidate), code_reader(j, "python"), again=again)
+            return script_file(j, name, Word(candidate), reader_for("python"), again=again)
     return SAFE  # runs an installed module

@@ -37,7 +37,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from mibyan.tools.approval import SAFE, Tier, Verdict
 from mibyan.tools.command_files import TOTAL_BYTES, Contents, read_file
 from mibyan.tools.command_paths import judge_write_word
 from mibyan.tools.command_reader import WordReader
@@ -46,6 +45,7 @@ from mibyan.tools.command_walk import UNREADABLE, Walk
 from mibyan.tools.command_words import Feed, Stream, Word, combine, command_name
 from mibyan.tools.judge_policy import JudgePolicy
 from mibyan.tools.protected import protected_reason
+from mibyan.tools.verdict import SAFE, Tier, Verdict
 
 if TYPE_CHECKING:
     from tree_sitter import Parser

@@ -11,9 +11,9 @@ from __future__ import annotations
 import re
 import shlex
 
-from mibyan.tools.approval import Verdict
 from mibyan.tools.command_reader import brace_expand, decode_escapes
 from mibyan.tools.command_words import Judge, Word
+from mibyan.tools.verdict import Verdict
 
 _OPERATORS = set(";&|()\n{}`")
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from mibyan.tools.approval import SAFE, Verdict
 from mibyan.tools.command_words import Word
+from mibyan.tools.verdict import SAFE, Verdict
 
 _CHANGES_SESSIONS = {"delete", "rename"}
 _SERVES = {"gateway", "web", "acp"}

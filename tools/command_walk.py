@@ -12,11 +12,11 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any
 
-from mibyan.tools.approval import Verdict
-from mibyan.tools.command_code import script_file
+from mibyan.tools.command_files import script_file
 from mibyan.tools.command_git import changes_git_guard
 from mibyan.tools.command_reader import output_guesses, static_output
 from mibyan.tools.command_words import Feed, Stream, command_name
+from mibyan.tools.verdict import Verdict
 
 if TYPE_CHECKING:
     from tree_sitter import Node

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from mibyan.tools.approval import SAFE, Verdict
+from mibyan.tools.verdict import SAFE, Verdict
 
 if TYPE_CHECKING:
     from mibyan.tools.command_files import Contents
@@ -132,51 +132,6 @@ def combine(verdicts: Iterable[Verdict]) -> Verdict:
     reason = " and ".join(reasons[:3]) + (", and more" if len(reasons) > 3 else "")
     every_time = any(v.ask_every_time for v in dangerous)  # joined, a kind that always asks still does
     return Verdict("dangerous", reason, "+".join(keys), ask_every_time=every_time)
-
-
-def split_options(
-    words: Sequence[Word], *, valued: Iterable[str] = (), stop_at_positional: bool = True
-) -> tuple[list[str], dict[str, str], int]:
-    """Read leading options: (single-letter and long flags, option values, index of the first positional).
-
-    `valued` names the options that take a value (`-u`, `--user`); `-uroot`, `--user=root` and
-    `-u root` all work. Clustered letters (`-rf`) come back one by one (`-r`, `-f`).
-    """
-    takes_value = set(valued)
-    flags: list[str] = []
-    values: dict[str, str] = {}
-    i = 0
-    while i < len(words):
-        text = words[i].text
-        if text == "--":
-            return flags, values, i + 1
-        if not text.startswith("-") or text == "-":
-            if stop_at_positional:
-                return flags, values, i
-            i += 1
-            continue
-        if text.startswith("--"):
-            name, eq, value = text.partition("=")
-            flags.append(name)
-            if eq:
-                values[name] = value
-            elif name in takes_value and i + 1 < len(words):
-                values[name] = words[i + 1].text
-                i += 1
-        else:
-            for position, letter in enumerate(text[1:], start=1):
-                option = f"-{letter}"
-                flags.append(option)
-                if option in takes_value:
-                    rest = text[position + 1 :]
-                    if rest:
-                        values[option] = rest
-                    elif i + 1 < len(words):
-                        values[option] = words[i + 1].text
-                        i += 1
-                    break
-        i += 1
-    return flags, values, i
 
 
 def command_name(word: Word) -> str:

@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from mibyan.tools.approval import SAFE, Verdict
 from mibyan.tools.protected import protected_reason, sealed_reason
+from mibyan.tools.verdict import SAFE, Verdict
 
 Access = Literal["read", "write"]
 
