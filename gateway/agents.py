@@ -289,6 +289,20 @@ class AgentInstance:
             )
         )
 
+    def warm(self) -> None:
+        """Before the gateway says it is ready: import and ask what the agent's runs need (the agent
+        code, the model's SDK, its context window from the model's server, the MCP machinery), so the
+        first message on any channel is answered as fast as the later ones.
+
+        Raises:
+            ConfigError: the agent cannot be built (as its first run would have said).
+        """
+        from mibyan.agent.agent_init import prepare_runs
+        from mibyan.tools.mcp_tools import McpToolset  # noqa: F401  (what each run's MCP tools are)
+
+        prepare_runs(self.options())
+        self.mcp_connections()
+
     def mcp_connections(self) -> McpConnections:
         """The MCP servers all of this agent's runs share: started once (with its first run, in the
         background), stopped by close(), rather than once per message.
