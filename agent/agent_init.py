@@ -350,10 +350,12 @@ def open_session(agent: AIAgent, session_id: str | None, *, source: str) -> None
 
     store = SessionStore.open(agent.home)
     messages: list[Message] = []
-    if session_id is not None and store.sessions.get(session_id) is not None:
-        session_id = store.lineage.newest_descendant(session_id)
-        row = store.sessions.get(session_id) or {}
-        agent.prompt.text = row.get("system_prompt") or None
+    row = store.sessions.get(session_id) if session_id is not None else None
+    if session_id is not None and row is not None:
+        newest = store.lineage.newest_descendant(session_id)
+        if newest != session_id:
+            session_id, row = newest, store.sessions.get(newest)
+        agent.prompt.text = (row or {}).get("system_prompt") or None
         messages = store.messages.load(session_id)
 
     def meta() -> dict[str, Any]:
@@ -368,6 +370,7 @@ def open_session(agent: AIAgent, session_id: str | None, *, source: str) -> None
             "cwd": str(agent.workdir or Path.cwd()),
         }
 
-    agent.session = SessionHandle.open(store, session_id or new_session_id(), messages, meta)
+    stored = row is not None
+    agent.session = SessionHandle.open(store, session_id or new_session_id(), messages, meta, stored=stored)
     for note in agent.session.history.repair():
         agent.callbacks.emit("status_callback", "repaired", note)
