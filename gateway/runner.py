@@ -380,7 +380,7 @@ class Gateway:
         try:
             if not one_off:
                 self._open_channel_session(agent, entry, session_id, instance)
-            stored = agent.history  # a copy of the whole session: made once
+            stored = agent.session.history.messages  # only read here: not worth a copy of the session
             cut = cut_turn_start(entry, agent.session_id, stored)
             started = len(stored) if cut is None else cut
             self.ledger.mark_running(entry.id, agent.session_id, started)
