@@ -133,11 +133,19 @@ class SessionStore:
 class SessionSink:
     """Persists one session's history changes; creates the session row with the first message."""
 
-    def __init__(self, store: SessionStore, session_id: str, meta: Callable[[], dict[str, Any]]) -> None:
+    def __init__(
+        self,
+        store: SessionStore,
+        session_id: str,
+        meta: Callable[[], dict[str, Any]],
+        *,
+        stored: bool | None = None,
+    ) -> None:
+        """`stored`: whether the session's row exists, when the caller knows (else it is read here)."""
         self.store = store
         self.session_id = session_id
         self._meta = meta
-        self._created = store.sessions.get(session_id) is not None
+        self._created = store.sessions.get(session_id) is not None if stored is None else stored
 
     def _creation(self, first: Message | None) -> dict[str, Any] | None:
         """The new session's row, to create with its first write; None once it exists."""

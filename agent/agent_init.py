@@ -113,10 +113,6 @@ def init_agent(agent: AIAgent, options: AgentOptions) -> None:
     agent._signal = InterruptSignal()
     agent._estimator = TokenEstimator()
     agent._window = context_window(settings, runtime, home_path)
-    if runtime.api_mode == "chat_completions" and runtime.base_url:
-        from mibyan.agent.window_discovery import is_llama_cpp
-
-        runtime.prompt_progress = is_llama_cpp(home_path, runtime.base_url)
     agent._context_engine = load_engine(settings, agent._window, agent._estimator, make_summarizer(agent))
     check_tool_selection(settings.tools.toolsets, allow=settings.tools.allow, deny=settings.tools.deny)
     agent.sandbox = options.sandbox or make_sandbox(
@@ -245,22 +241,69 @@ def _tell(callbacks: Any, source: str, warning: str) -> None:
 
 def context_window(settings: AgentSettings, runtime: ProviderRuntime, home: Path) -> int:
     """The model's context window: `model.context_window`, the table of known models, what the model's
-    server reports (asked once ever, for unknown models only), else 128k."""
+    server reports (asked once ever, for unknown models only), else 128k.
+
+    From the same read of the home's cache of what servers said, a Chat Completions runtime learns
+    whether its server is llama.cpp's (`runtime.prompt_progress`: its streamed calls ask for progress).
+    """
     from mibyan.agent.tokens import context_window_for, known_context_window
 
     override = settings.model.context_window
-    discovered = None
-    if (
+    discover = (
         not override
         and known_context_window(runtime.model) is None
         and runtime.api_mode != "anthropic_messages"
-    ):
-        from mibyan.agent.window_discovery import discover_window
+    )
+    learn = runtime.api_mode == "chat_completions" and bool(runtime.base_url)
+    if not (discover or learn):
+        return context_window_for(runtime.model, override, None)
+    from mibyan.agent.window_discovery import WindowCache, discover_window
 
+    cache = WindowCache(home)
+    discovered = None
+    if discover:
         discovered = discover_window(
-            home, base_url=runtime.base_url, model=runtime.model, api_key=runtime.api_key
+            home, base_url=runtime.base_url, model=runtime.model, api_key=runtime.api_key, cache=cache
         )
+    if learn:
+        runtime.prompt_progress = cache.server(runtime.base_url) == "llama.cpp"
     return context_window_for(runtime.model, override, discovered)
+
+
+def prepare_runs(options: AgentOptions) -> None:
+    """Load and ask now what every agent built with `options` needs, so that its first run costs what
+    the later ones do: the agent loop's modules, its wire adapter and model SDK (a client made and
+    closed), and the context window the model's server reports (asked once, then kept in the home).
+
+    Raises:
+        ConfigError: the configuration or the provider cannot make an agent (as building one would).
+    """
+    import run_agent  # noqa: F401  (the loop and its phases, imported by the first AIAgent otherwise)
+    from mibyan.agent.context_engine import load_engine
+    from mibyan.agent.memory import MemoryStore  # noqa: F401  (imported by init_agent on use)
+    from mibyan.agent.tokens import TokenEstimator
+
+    home = Path(options.home) if options.home is not None else mibyan_home()
+    project = Path(options.workdir).resolve() if options.workdir is not None else None
+    settings = load_settings(home=home, cwd=project, overrides=settings_overrides(options))
+    runtime = resolve_runtime(
+        settings,
+        provider=settings.model.provider,
+        model=settings.model.name,
+        base_url=options.base_url,
+        api_key=options.api_key,
+        api_mode=options.api_mode,
+        env=os.environ,
+        home=home,
+    )
+    adapter_for(runtime.api_mode, settings).stream_class()
+    window = context_window(settings, runtime, home)
+    load_engine(settings, window, TokenEstimator(), _never_asked)  # its module, a custom one's too
+    build_client(runtime, settings).close()
+
+
+def _never_asked(system_prompt: str, prompt: str) -> str:
+    raise AssertionError("the engine prepare_runs makes is never asked to summarise")
 
 
 def remember_approval(home: Path, key: str) -> None:
@@ -330,10 +373,12 @@ def open_session(agent: AIAgent, session_id: str | None, *, source: str) -> None
 
     store = SessionStore.open(agent.home)
     messages: list[Message] = []
-    if session_id is not None and store.sessions.get(session_id) is not None:
-        session_id = store.lineage.newest_descendant(session_id)
-        row = store.sessions.get(session_id) or {}
-        agent.prompt.text = row.get("system_prompt") or None
+    row = store.sessions.get(session_id) if session_id is not None else None
+    if session_id is not None and row is not None:
+        newest = store.lineage.newest_descendant(session_id)
+        if newest != session_id:
+            session_id, row = newest, store.sessions.get(newest)
+        agent.prompt.text = (row or {}).get("system_prompt") or None
         messages = store.messages.load(session_id)
 
     def meta() -> dict[str, Any]:
@@ -348,6 +393,7 @@ def open_session(agent: AIAgent, session_id: str | None, *, source: str) -> None
             "cwd": str(agent.workdir or Path.cwd()),
         }
 
-    agent.session = SessionHandle.open(store, session_id or new_session_id(), messages, meta)
+    stored = row is not None
+    agent.session = SessionHandle.open(store, session_id or new_session_id(), messages, meta, stored=stored)
     for note in agent.session.history.repair():
         agent.callbacks.emit("status_callback", "repaired", note)

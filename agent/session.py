@@ -43,9 +43,16 @@ class SessionHandle:
 
     @classmethod
     def open(
-        cls, store: SessionStore, session_id: str, messages: list[Message], meta: Callable[[], dict[str, Any]]
+        cls,
+        store: SessionStore,
+        session_id: str,
+        messages: list[Message],
+        meta: Callable[[], dict[str, Any]],
+        *,
+        stored: bool | None = None,
     ) -> SessionHandle:
-        sink = SessionSink(store, session_id, meta)
+        """The handle of `session_id`; `stored`: whether its row exists, when the caller has read it."""
+        sink = SessionSink(store, session_id, meta, stored=stored)
         return cls(
             store=store, session_id=session_id, history=History(messages, sink=sink), sink=sink, meta=meta
         )

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ log = logging.getLogger("mibyan.window")
 LISTING_TIMEOUT = 2.0
 _WINDOW_KEYS = ("max_model_len", "context_length", "max_context_length", "context_window")
 _META_KEYS = ("n_ctx", "n_ctx_train")  # llama.cpp: the server's own setting first, then the model's
+_WRITING = threading.Lock()  # one writer of the cache at a time in this process (agents warm at once)
 
 
 def window_in_listing(listing: Any, model: str) -> int | None:
@@ -58,11 +60,7 @@ class WindowCache:
 
     def __init__(self, home: Path) -> None:
         self.path = home / "cache" / "context_windows.json"
-        try:
-            loaded = json.loads(self.path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            loaded = {}
-        self._answers: dict[str, int | str | None] = loaded if isinstance(loaded, dict) else {}
+        self._answers = self._read()
 
     def known(self, key: str) -> bool:
         return key in self._answers
@@ -76,7 +74,18 @@ class WindowCache:
         return value if isinstance(value, str) else None
 
     def remember(self, key: str, window: int | str | None) -> None:
-        self._answers[key] = window
+        with _WRITING:  # what another agent of this process kept since this one read the file stays
+            self._answers = {**self._answers, **self._read(), key: window}
+            self._write()
+
+    def _read(self) -> dict[str, int | str | None]:
+        try:
+            loaded = json.loads(self.path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            loaded = {}
+        return loaded if isinstance(loaded, dict) else {}
+
+    def _write(self) -> None:
         data = json.dumps(self._answers, indent=1, sort_keys=True)
         try:
             write_private(self.path, data.encode())
@@ -84,9 +93,14 @@ class WindowCache:
             log.info("context window not cached: %s", exc)
 
 
-def discover_window(home: Path, *, base_url: str, model: str, api_key: str) -> int | None:
-    """The window the server at `base_url` reports for `model`, asked once ever; None if it says nothing."""
-    cache = WindowCache(home)
+def discover_window(
+    home: Path, *, base_url: str, model: str, api_key: str, cache: WindowCache | None = None
+) -> int | None:
+    """The window the server at `base_url` reports for `model`, asked once ever; None if it says nothing.
+
+    `cache`: the home's cache as the caller has read it already (else it is read here).
+    """
+    cache = WindowCache(home) if cache is None else cache
     key = f"{base_url}|{model}"
     if cache.known(key):
         return cache.get(key)
@@ -120,8 +134,3 @@ def remember_llama_cpp(home: Path, base_url: str) -> None:
     cache = WindowCache(home)
     if cache.server(base_url) != "llama.cpp":
         cache.remember(f"{base_url}|server", "llama.cpp")
-
-
-def is_llama_cpp(home: Path, base_url: str) -> bool:
-    """Whether the server at `base_url` said, when its models were listed, that it is llama.cpp's."""
-    return WindowCache(home).server(base_url) == "llama.cpp"

@@ -1,7 +1,10 @@
-"""The sandbox's cost: `true` through the terminal tool, confined vs unconfined (floor: under 30 ms more)."""
+"""The sandbox's cost: `true` through the terminal tool, confined vs unconfined (floor: under 30 ms more),
+and one sandboxed `true` beside a bare `bwrap --ro-bind / / true` (floor: 2x), with what lies between
+them: bubblewrap with the sandbox's own mounts running `true` (no shell), and the shell alone."""
 
 from __future__ import annotations
 
+import subprocess
 import sys
 import tempfile
 import time
@@ -17,6 +20,31 @@ from mibyan.tools.sandbox import Sandbox  # noqa: E402
 from mibyan.tools.terminal import terminal  # noqa: E402
 
 EXTRA_FLOOR_MS = 30.0
+BARE_RATIO_FLOOR = 2.0
+
+
+def timed(argv: list[str]) -> float:
+    began = time.perf_counter()
+    subprocess.run(argv, check=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+    return (time.perf_counter() - began) * 1000
+
+
+def beside_bare_bwrap(sandbox: Sandbox, workdir: Path, runs: int) -> None:
+    """One sandboxed `true` through the terminal tool against a bare bubblewrap start, alternately."""
+    bare: list[float] = []
+    mounts: list[float] = []
+    shell: list[float] = []
+    tool: list[float] = []
+    for _ in range(runs):
+        bare.append(timed(["bwrap", "--ro-bind", "/", "/", "true"]))
+        mounts.append(timed(sandbox.wrap(["true"], cwd=workdir)))
+        shell.append(timed(["bash", "-c", "true"]))
+        tool.append(timed_true(sandbox))
+    show("bare `bwrap --ro-bind / / true`", bare)
+    show("  bwrap with the sandbox's mounts, `true`", mounts, bare)
+    show("  `bash -c true`, unconfined", shell)
+    show("terminal `true` in the sandbox (bubblewrap)", tool, bare)
+    print(f"{'  (floor: 2.00x the bare bwrap start)':<48}")
 
 
 def timed_true(sandbox: Sandbox | None) -> float:
@@ -45,6 +73,13 @@ def main(runs: int = 30) -> None:
             },
         }
         home.mkdir()
+        try:
+            gateway_like = Sandbox(
+                "workspace-write", workdir, protected=[home], hidden=[home], backend="bubblewrap"
+            )
+            beside_bare_bwrap(gateway_like, workdir, runs)
+        except ConfigError as exc:
+            print(f"beside a bare bwrap: not measured: {exc}")
         for label, options in variants.items():
             try:
                 sandbox = Sandbox("workspace-write", workdir, protected=[home], **options)  # type: ignore[arg-type]

@@ -166,12 +166,15 @@ async def _serve(settings: AgentSettings, home: Path, say: Say, stop_with: StopW
         if warning is not None:  # commands confined less than the configuration asks
             say(f"warning: agent {instance.id}: {warning}")
             log.warning("agent %s: %s", instance.id, warning)
+    # each agent's code and its model's window, loaded and asked while the connectors start
+    warming = asyncio.gather(*(asyncio.to_thread(i.warm) for i in gateway.agents.values()))
     for connector in connectors:
         await connector.start()
         say(f"{connector.name} ({connector.kind}) on {connector.url}")
         notice = getattr(connector, "notice", None)
         if notice:
             say(f"warning: {connector.name}: {notice}")
+    await warming
     await _redeliver(gateway, connectors)
     say("ready")
     log.info("ready: %s", ", ".join(f"{c.name} on {c.url}" for c in connectors))

@@ -7,6 +7,8 @@ is merged, so an error can name the file (or variable) that introduced it and th
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import warnings
 from collections.abc import Mapping, Sequence
@@ -311,6 +313,32 @@ def _environment_layer(env: Mapping[str, str]) -> list[tuple[str, dict[str, Any]
     return layers
 
 
+#: Settings already merged and validated, by what they were made of (see `_made_of`): a gateway builds an
+#: agent for every message, and parsing and validating the same files again is most of what that costs.
+_MADE: dict[tuple[Any, ...], AgentSettings] = {}
+_MADE_KEPT = 64
+
+
+def _made_of(
+    home: Path, cwd: Path, env: Mapping[str, str], overrides: Mapping[str, Any] | None
+) -> tuple[Any, ...] | None:
+    """The key of settings that may be reused: the bytes of the files and the layers they come from.
+
+    None (make them afresh) where a project's config file applies (its trust, and the warning about what
+    it may not set, are decided each time it is read) or where a file cannot be read as it is.
+    """
+    user = home / "config.yaml"
+    try:
+        if project_config_path(cwd).exists():
+            return None
+        layers = json.dumps(overrides, sort_keys=True) if overrides else ""
+        content = user.read_bytes() if user.is_file() else None
+    except (OSError, TypeError, ValueError):  # unreadable, or a value JSON cannot spell: not reused
+        return None
+    digest = hashlib.sha256(content).digest() if content is not None else None
+    return (str(home), str(cwd), digest, repr(_environment_layer(env)), layers)
+
+
 def load_settings(
     *,
     home: Path | None = None,
@@ -319,6 +347,9 @@ def load_settings(
     overrides: Mapping[str, Any] | None = None,
 ) -> AgentSettings:
     """Merge and validate every configuration layer.
+
+    Settings made from the same file contents, environment and overrides are made once and then
+    shared: they are frozen.
 
     Args:
         home: the mibyan home; `$MIBYAN_HOME` or `~/.mibyan` when omitted.
@@ -336,6 +367,21 @@ def load_settings(
     env = os.environ if env is None else env
     home = mibyan_home(env) if home is None else home
     cwd = Path.cwd() if cwd is None else cwd
+    key = _made_of(home, cwd, env, overrides)
+    made = _MADE.get(key) if key is not None else None
+    if made is not None:
+        return made
+    settings = _load(home, cwd, env, overrides)
+    if key is not None:
+        if len(_MADE) >= _MADE_KEPT:
+            _MADE.clear()
+        _MADE[key] = settings
+    return settings
+
+
+def _load(
+    home: Path, cwd: Path, env: Mapping[str, str], overrides: Mapping[str, Any] | None
+) -> AgentSettings:
     defaults, *own = trusted_layers(home)
     layers: list[tuple[str, dict[str, Any]]] = [(str(home / "config.yaml"), layer) for layer in own]
     project = _project_layer(home, cwd, provider_names([defaults, *own]))

@@ -86,6 +86,8 @@ class AgentInstance:
     # the one McpConnections of all its runs, once made (a list, as the instance itself is frozen)
     _mcp: list[McpConnections] = field(default_factory=list, compare=False, repr=False)
     _mcp_lock: threading.Lock = field(default_factory=threading.Lock, compare=False, repr=False)
+    # the sandbox of all its runs, once made (it says where commands may go, and keeps no state of a run)
+    _sandbox: list[Sandbox] = field(default_factory=list, compare=False, repr=False)
 
     @property
     def id(self) -> str:
@@ -147,6 +149,13 @@ class AgentInstance:
             backend=None if config.backend == "auto" else config.backend,
             temp=self.tmp,
         )
+
+    def runs_sandbox(self) -> Sandbox:
+        """The sandbox every run of the agent shares, made with the first (see `sandbox`)."""
+        with self._mcp_lock:
+            if not self._sandbox:
+                self._sandbox.append(self.sandbox())
+            return self._sandbox[0]
 
     def check(self) -> None:
         """Resolve the provider now, so a missing key or address stops the gateway at start.
@@ -291,12 +300,27 @@ class AgentInstance:
                 session_id=session_id,
                 session_scope=channel,
                 unasked=unasked,
-                sandbox=self.sandbox(),
+                sandbox=self.runs_sandbox(),
                 mcp_connections=self.mcp_connections(),
                 memory=self.memory_for(channel, one_off=one_off),
                 callbacks=Callbacks.from_kwargs(callbacks),
             )
         )
+
+    def warm(self) -> None:
+        """Before the gateway says it is ready: import and ask what the agent's runs need (the agent
+        code, the model's SDK, its context window from the model's server, the MCP machinery), so the
+        first message on any channel is answered as fast as the later ones.
+
+        Raises:
+            ConfigError: the agent cannot be built (as its first run would have said).
+        """
+        from mibyan.agent.agent_init import prepare_runs
+        from mibyan.tools.mcp_tools import McpToolset  # noqa: F401  (what each run's MCP tools are)
+
+        prepare_runs(self.options())
+        self.mcp_connections()
+        self.runs_sandbox()
 
     def mcp_connections(self) -> McpConnections:
         """The MCP servers all of this agent's runs share: started once (with its first run, in the

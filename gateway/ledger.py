@@ -103,10 +103,7 @@ class Ledger:
     def record_reply(self, entry: InboxEntry, text: str, session_id: str, usage: dict[str, int]) -> Reply:
         """Record the answer (and close the inbound message) before anything is sent."""
         body = json.dumps({"text": text, "session_id": session_id, "usage": usage}, ensure_ascii=False)
-        self.store.ledger.record_reply(entry.id, entry.channel, body)
-        reply = self.reply_for(entry.id)
-        assert reply is not None
-        return reply
+        return _reply(self.store.ledger.record_reply(entry.id, entry.channel, body))
 
     def reply_for(self, inbox_id: int) -> Reply | None:
         """The reply recorded for an inbound message, whatever its delivery state; None before one."""

@@ -380,8 +380,9 @@ class Gateway:
         try:
             if not one_off:
                 self._open_channel_session(agent, entry, session_id, instance)
-            cut = cut_turn_start(entry, agent.session_id, agent.history)
-            started = len(agent.history) if cut is None else cut
+            stored = agent.session.history.messages  # only read here: not worth a copy of the session
+            cut = cut_turn_start(entry, agent.session_id, stored)
+            started = len(stored) if cut is None else cut
             self.ledger.mark_running(entry.id, agent.session_id, started)
             job.session_id = agent.session_id
             if job.on_start is not None:
@@ -422,7 +423,7 @@ class Gateway:
         entry = job.entry
         one_off = job.request.one_off
         session = result["session_id"]
-        if not one_off:
+        if not one_off and session != job.session_id:  # compressed during the turn: a child to tag
             self.ledger.tag_session(session, entry.channel)
         if result["interrupted"]:
             return Outcome(entry.id, "", session, result["usage"], interrupted=True)

@@ -57,16 +57,19 @@ class GatewayLedger:
         with self._db.transaction() as db:
             db.execute("UPDATE gateway_inbox SET status = ? WHERE id = ?", (status, inbox_id))
 
-    def record_reply(self, inbox_id: int, channel: str, reply: str) -> None:
+    def record_reply(self, inbox_id: int, channel: str, reply: str) -> dict[str, Any]:
         """Record the reply (`reply`: its JSON text) unless one is recorded, and mark the inbound
-        message answered, in one transaction."""
+        message answered, in one transaction; returns the outbox row (the one recorded first)."""
         with self._db.transaction() as db:
-            db.execute(
+            rows = db.execute(
                 "INSERT INTO gateway_outbox (inbox_id, channel, reply, created_at) VALUES (?, ?, ?, ?)"
-                " ON CONFLICT DO NOTHING",
+                " ON CONFLICT DO NOTHING RETURNING *",
                 (inbox_id, channel, mask_secrets(reply), time.time()),
-            )
+            ).fetchall()
+            if not rows:
+                rows = db.execute("SELECT * FROM gateway_outbox WHERE inbox_id = ?", (inbox_id,)).fetchall()
             db.execute("UPDATE gateway_inbox SET status = 'answered' WHERE id = ?", (inbox_id,))
+        return row_dict(rows[0])
 
     def inbound(self, inbox_id: int) -> dict[str, Any] | None:
         rows = self._db.query("SELECT * FROM gateway_inbox WHERE id = ?", (inbox_id,))

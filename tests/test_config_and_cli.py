@@ -285,3 +285,15 @@ def test_a_one_shot_that_ends_at_once_still_delivers_all_of_a_long_answer(
 def test_sandbox_mode_off_may_be_written_without_quotes(tmp_path: Path) -> None:
     (tmp_path / "config.yaml").write_text("sandbox: {mode: off}\n")
     assert load_settings(home=tmp_path, cwd=tmp_path, env={}).sandbox.mode == "off"
+
+
+def test_settings_follow_every_change_of_the_file_even_one_of_the_same_size(tmp_path: Path) -> None:
+    """Settings made once are reused (a gateway builds an agent per message) while the file is the same."""
+    config = tmp_path / "config.yaml"
+    config.write_text("model:\n  name: model-a\n")
+    first = load_settings(home=tmp_path, cwd=tmp_path, env={})
+    config.write_text("model:\n  name: model-b\n")  # same size, and at once: the same modification time
+    second = load_settings(home=tmp_path, cwd=tmp_path, env={})
+    assert (first.model.name, second.model.name) == ("model-a", "model-b")
+    assert load_settings(home=tmp_path, cwd=tmp_path, env={}).model.name == "model-b"
+    assert load_settings(home=tmp_path, cwd=tmp_path, env={"MIBYAN_MODEL": "model-c"}).model.name == "model-c"

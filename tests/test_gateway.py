@@ -100,6 +100,26 @@ def test_each_agent_reaches_its_own_model_with_its_own_persona(home: Path, start
     assert "Meepa" not in bob_prompt and "attic" not in bob_prompt
 
 
+def test_each_agents_model_server_is_asked_for_its_window_before_the_gateway_is_ready(
+    home: Path, start_gateway: Any
+) -> None:
+    """What a message needs is loaded and asked at start, so the first message waits for no probe."""
+    with ScriptedServer() as first, ScriptedServer() as second:
+        first.models = [{"id": "meepa-model", "object": "model", "max_model_len": 8192}]
+        second.models = [{"id": "bob-model", "object": "model", "max_model_len": 4096}]
+        agents = [MEEPA, {"id": "bob", "provider": "other", "model": "bob-model"}]
+        write_config(home, {"local": first.base_url, "other": second.base_url}, agents)
+        with start_gateway(home) as gateway:
+            asked_at_ready = (first.model_listings, second.model_listings)
+            first.add(Reply(text="hello"))
+            answer = ask(gateway, "hi", channel="c").parse()
+
+    assert asked_at_ready == (1, 1)
+    assert answer.choices[0].message.content == "hello"
+    assert first.model_listings == 1  # the run used what the start learnt
+    assert [request.path for request in first.requests] == ["/v1/chat/completions"]
+
+
 def test_an_agents_skills_are_its_own(server: ScriptedServer, home: Path, start_gateway: Any) -> None:
     skill = home / "agents" / "meepa" / "skills" / "maps" / "SKILL.md"
     skill.parent.mkdir(parents=True)

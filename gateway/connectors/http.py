@@ -20,6 +20,7 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
+import anyio
 import uvicorn
 from starlette.applications import Starlette
 from starlette.background import BackgroundTask
@@ -194,6 +195,10 @@ class HttpConnector:
         self._port = listener.getsockname()[1]
         self._server = _Server(config)
         self._task = asyncio.create_task(self._server.serve(sockets=[listener]))
+        # anyio's event-loop backend (each request's disconnect check) is imported on its first use:
+        # loaded now, so the first message waits no longer than the rest
+        with anyio.CancelScope():
+            pass
         while not self._server.started:
             if self._task.done():
                 self._task.result()  # raises what stopped it
