@@ -18,6 +18,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from mibyan.config.loader import parse_yaml
 from mibyan.config.paths import private_dir
 from mibyan.core.redact import mask_secrets
 from mibyan.store.database import Database, StoreError
@@ -40,8 +41,27 @@ __all__ = [
     "SessionStore",
     "StoreError",
     "mask_secrets",
+    "store_url",
     "title_from",
 ]
+
+
+def store_url(home: Path, env: dict[str, str] | None = None) -> str | None:
+    """The configured PostgreSQL store: `$MIBYAN_STORE_URL`, else `store.url` of the home's config.yaml;
+    None: SQLite in the home."""
+    url = (os.environ if env is None else env).get("MIBYAN_STORE_URL")
+    source = "MIBYAN_STORE_URL"
+    if not url:
+        config = home / "config.yaml"
+        layer = parse_yaml(config, config.read_bytes()) if config.is_file() else {}
+        section = layer.get("store")
+        url = section.get("url") if isinstance(section, dict) else None
+        source = f"{config}: store.url"
+    if not url:
+        return None
+    if not isinstance(url, str) or not url.startswith(("postgresql://", "postgres://")):
+        raise StoreError(f"{source}: {url!r} is not a postgresql:// URL (omit it for SQLite in the home)")
+    return url
 
 
 class SessionStore:
@@ -57,11 +77,20 @@ class SessionStore:
         StoreError: the file is corrupt, not a database, or cannot be opened; it is never overwritten.
     """
 
-    def __init__(self, path: Path, *, read_only: bool = False, busy_timeout: float | None = None) -> None:
+    def __init__(
+        self,
+        path: Path,
+        *,
+        read_only: bool = False,
+        busy_timeout: float | None = None,
+        database: Database | None = None,
+    ) -> None:
         self.path = path
         self.read_only = read_only
-        wait = busy_timeout if busy_timeout is not None else busy_timeout_from_environment()
-        self.database: Database = SqliteDatabase(path, read_only=read_only, busy_timeout=wait)
+        if database is None:
+            wait = busy_timeout if busy_timeout is not None else busy_timeout_from_environment()
+            database = SqliteDatabase(path, read_only=read_only, busy_timeout=wait)
+        self.database: Database = database
         db = self.database
         self.sessions = Sessions(db)
         self.lineage = Lineage(db)
@@ -74,13 +103,31 @@ class SessionStore:
         self.channels = Channels(db)
 
     @classmethod
+    def at_url(cls, url: str) -> SessionStore:
+        """The PostgreSQL store at `url` (postgresql://...; needs the extra `mibyan[postgres]`)."""
+        try:
+            from mibyan.store.postgres import PostgresDatabase
+        except ImportError:
+            raise StoreError(
+                "store.url names PostgreSQL, but psycopg is not installed: pip install 'mibyan[postgres]'"
+            ) from None
+        database = PostgresDatabase(url)
+        return cls(Path(database.name), database=database)
+
+    @classmethod
     def open(cls, home: Path, *, busy_timeout: float | None = None) -> SessionStore:
+        """The home's store: the configured PostgreSQL one (`store_url`), else `state.db` in the home."""
+        url = store_url(home)
+        if url is not None:
+            return cls.at_url(url)
         private_dir(home)
         return cls(home / "state.db", busy_timeout=busy_timeout)
 
     @classmethod
     def open_for_reading(cls, home: Path) -> SessionStore:
         """The store for commands that only read: read-only when the home or the database is not writable."""
+        if store_url(home) is not None:
+            return cls.open(home)
         path = home / "state.db"
         if not home.exists() or (
             os.access(home, os.W_OK) and (not path.exists() or os.access(path, os.W_OK))
