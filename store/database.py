@@ -68,6 +68,11 @@ class Dialect(Protocol):
         seq, role, created_at, title, source, snippet, rank; best first."""
         ...
 
+    def snippets(self, hits: list[dict[str, Any]], text: str, marks: tuple[str, str]) -> list[dict[str, Any]]:
+        """The hits of `message_search` for the words `text`, with their snippets made where the SQL
+        could not make them as SQLite does (SQLite's come made: it returns `hits` as they are)."""
+        ...
+
     def fact_search(self) -> str:
         """The search over facts: parameters (query, owner or None, limit); column text, best first."""
         ...

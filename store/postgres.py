@@ -31,12 +31,9 @@ from mibyan.store.migrations import APPLIED_NAMES, APPLIED_TABLE, RECORD_APPLIED
 MIGRATION_LOCK = 0x6D696279616E
 _COMBINING = re.compile("[\u0300-\u036f]")
 _LITERAL_OR_MARK = re.compile(r"'(?:[^']|'')*'|\?|%")
-_SNIPPET = (
-    "ts_headline('simple', m.content, q.q, 'StartSel=\"' || replace(q.open, '\"', '\"\"')"
-    " || '\", StopSel=\"' || replace(q.close, '\"', '\"\"') || '\", ShortWord=0, MinWords=6, MaxWords=12'"
-    " || CASE WHEN cardinality(regexp_split_to_array(btrim(m.content), '\\s+')) <= 12"
-    " THEN ', HighlightAll=true' ELSE '' END)"
-)
+#: Words around the hits a snippet shows (SQLite's snippet(..., 12)), and what marks a cut.
+_SNIPPET_WORDS = 12
+_ELLIPSIS = "…"
 
 
 def is_postgres_url(url: str) -> bool:
@@ -63,6 +60,87 @@ def _word_groups(text: str) -> list[list[str]]:
     index's words (`a_b` is `a` then `b`)."""
     groups = [re.findall(r"[^\W_]+", chunk) for chunk in re.findall(r"\w+", fold(text))]
     return [group for group in groups if group]
+
+
+def _hits(tokens: list[re.Match[str]], groups: list[list[str]]) -> list[tuple[int, int, int]]:
+    """Where each query phrase stands, by position: (first token, last token, phrase number). A phrase is a
+    word of the query, or the words of `a_b` in a row; the query's last word may start a token."""
+    folded = [fold(token.group()) for token in tokens]
+    hits = []
+    for number, group in enumerate(groups):
+        prefix = number == len(groups) - 1
+        for first in range(len(tokens) - len(group) + 1):
+            window = folded[first : first + len(group)]
+            if window[:-1] == group[:-1] and (
+                window[-1] == group[-1] or (prefix and window[-1].startswith(group[-1]))
+            ):
+                hits.append((first, first + len(group) - 1, number))
+    return sorted(hits)
+
+
+def _score(hits: list[tuple[int, int, int]], begin: int, size: int) -> tuple[int, int]:
+    """FTS5's score of the window of `size` tokens from `begin` (1000 a phrase, 1 each repeat), and
+    where it would start the window to centre those hits."""
+    seen: set[int] = set()
+    score, first, last = 0, -1, 0
+    for start, stop, number in hits:
+        if begin <= start < begin + size:
+            score += 1 if number in seen else 1000
+            seen.add(number)
+            first = start if first < 0 else first
+            last = stop + 1
+    return score, first - (size - (last - first)) // 2
+
+
+def _window(text: str, tokens: list[re.Match[str]], hits: list[tuple[int, int, int]]) -> int:
+    """The first token of the snippet, chosen as SQLite's fts5 snippet() chooses it: the best-scoring
+    window around a hit, or one starting a sentence (after `.` or `:` and a space) near it."""
+    size, count = _SNIPPET_WORDS, len(tokens)
+    sentences = [0] + [
+        i
+        for i in range(1, count)
+        if re.search(r"[.:][ \t\n\r]+$", text[tokens[i - 1].end() : tokens[i].start()])
+    ]
+    best_score, best_start = 0, 0
+    for start, _stop, _number in hits:
+        score, adjusted = _score(hits, start, size)
+        if score > best_score:
+            best_score, best_start = score, max(0, min(adjusted, count - size))
+        before = [i for i in sentences if i <= start]
+        if before and before[-1] < start:
+            score = _score(hits, before[-1], size)[0] + (120 if before[-1] == 0 else 100)
+            if score > best_score:
+                best_score, best_start = score, before[-1]
+    return best_start
+
+
+def snippet(text: str, groups: list[list[str]], marks: tuple[str, str]) -> str:
+    """The text around the hits with each one marked, as SQLite's FTS5 snippet() makes it: the whole text
+    when it has at most 12 words, else 12 words chosen as it chooses them (cuts marked with …)."""
+    tokens = list(re.finditer(r"[^\W_]+", text))
+    hits = _hits(tokens, groups)
+    start, stop = 0, len(tokens)
+    if len(tokens) > _SNIPPET_WORDS:
+        start = _window(text, tokens, hits)
+        stop = start + _SNIPPET_WORDS
+    out = [_ELLIPSIS] if start > 0 else []
+    cursor = tokens[start].start() if start > 0 else 0
+    end = tokens[stop - 1].end() if stop < len(tokens) else len(text)
+    merged: list[tuple[int, int]] = []
+    for first, last, _number in hits:
+        if first >= start and last < stop:
+            if merged and first <= merged[-1][1]:
+                merged[-1] = (merged[-1][0], max(last, merged[-1][1]))
+            else:
+                merged.append((first, last))
+    for first, last in merged:
+        a, b = tokens[first].start(), tokens[last].end()
+        out += [text[cursor:a], marks[0], text[a:b], marks[1]]
+        cursor = b
+    out.append(text[cursor:end])
+    if stop < len(tokens):
+        out.append(_ELLIPSIS)
+    return "".join(out)
 
 
 @functools.lru_cache(maxsize=512)
@@ -98,7 +176,7 @@ class PostgresDialect:
     def message_search(self, *, role: bool, since: bool, sessions: int) -> str:
         sql = (
             "SELECT m.session_id, m.seq, m.role, m.created_at, s.title, s.source,"
-            f" {_SNIPPET} AS snippet, -ts_rank(m.search, q.q) AS rank"
+            " m.content AS snippet, -ts_rank(m.search, q.q) AS rank"
             " FROM (SELECT ?::text AS open, ?::text AS close, to_tsquery('simple', ?) AS q) q"
             " JOIN messages m ON m.search @@ q.q JOIN sessions s ON s.id = m.session_id WHERE true"
         )
@@ -109,6 +187,10 @@ class PostgresDialect:
         if sessions:
             sql += f" AND m.session_id IN ({', '.join('?' * sessions)})"
         return sql + " ORDER BY rank, m.id LIMIT ?"
+
+    def snippets(self, hits: list[dict[str, Any]], text: str, marks: tuple[str, str]) -> list[dict[str, Any]]:
+        groups = _word_groups(text)
+        return [{**hit, "snippet": snippet(hit["snippet"] or "", groups, marks)} for hit in hits]
 
     def fact_search(self) -> str:
         return (

@@ -59,6 +59,9 @@ class SqliteDialect:
             sql += f" AND m.session_id IN ({', '.join('?' * sessions)})"
         return sql + " ORDER BY rank LIMIT ?"
 
+    def snippets(self, hits: list[dict[str, Any]], text: str, marks: tuple[str, str]) -> list[dict[str, Any]]:
+        return hits
+
     def fact_search(self) -> str:
         return (
             "SELECT f.text FROM facts_fts JOIN facts f ON f.id = facts_fts.rowid"

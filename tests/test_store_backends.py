@@ -5,9 +5,8 @@ a real server tests/pging.py starts). Full-text search is checked on one shared 
 for the same words on both. What still differs between the two engines, and is not asserted here:
 - rank: SQLite's is bm25 (lower is better), PostgreSQL's is minus ts_rank; the order of hits of equal
   rank is the engine's own;
-- snippets of long messages: SQLite cuts 12 words around the hit with '…', PostgreSQL's ts_headline
-  picks its own fragment without '…'; on PostgreSQL a word is marked only as the text spells it (a hit
-  on `cafe` finds `café` but does not mark it, nor a word inside a path like `/usr/bin`);
+- snippets: PostgreSQL's are made in Python the way FTS5's snippet() makes them (store/postgres.py);
+  they differ only where a phrase (`a_b`) is cut by the edge of a snippet of a long message;
 - PostgreSQL indexes the first 200,000 characters of a message, SQLite all of it;
 - PostgreSQL text cannot hold the character NUL (nothing mibyan stores has one: JSON escapes it);
 - words of underscores only (`_`) are a query on SQLite (it matches nothing), none on PostgreSQL.
@@ -90,6 +89,19 @@ def test_search_gives_the_same_hits_on_the_shared_fixture(store: SessionStore) -
     (hit,) = store.search("staging", session_ids=["s-stage"])
     assert hit["snippet"] == "pg-stage-3 is the [staging] server"
     assert hit["title"] == "s-stage" and hit["source"] == "cli" and hit["role"] == "user"
+    assert [h["snippet"] for h in store.search("cafe")] == ["Deploy the [café] menu to staging_box"]
+    assert [h["snippet"] for h in store.search("staging_box")] == ["Deploy the café menu to [staging_box]"]
+    assert [h["snippet"] for h in store.search("etc/mibyan", marks=("<b>", "</b>"))] == [
+        "The config lives at /<b>etc</b>/<b>mibyan</b>/config.yaml"
+    ]
+
+
+def test_a_long_message_s_snippet_is_the_same_twelve_words(store: SessionStore) -> None:
+    words = " ".join(f"word{i}" for i in range(30))
+    text = f"{words}. Then the staging box is here, with more words after it"
+    store.messages.append("s1", {"role": "user", "content": text}, create={"source": "cli"})
+    (hit,) = store.search("staging box")
+    assert hit["snippet"] == "…Then the [staging] [box] is here, with more words after it"
 
 
 def test_facts_are_found_by_shared_words_and_kept_to_their_owner(store: SessionStore) -> None:
