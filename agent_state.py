@@ -13,12 +13,11 @@ nothing rewrites a session except an explicit history repair. Everything stored 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mibyan.config.loader import parse_yaml
 from mibyan.config.paths import private_dir
 from mibyan.core.redact import mask_secrets
 from mibyan.store.database import Database, StoreError
@@ -46,22 +45,41 @@ __all__ = [
 ]
 
 
-def store_url(home: Path, env: dict[str, str] | None = None) -> str | None:
+def store_url(home: Path, env: Mapping[str, str] | None = None) -> str | None:
     """The configured PostgreSQL store: `$MIBYAN_STORE_URL`, else `store.url` of the home's config.yaml;
     None: SQLite in the home."""
-    url = (os.environ if env is None else env).get("MIBYAN_STORE_URL")
+    url: object = (os.environ if env is None else env).get("MIBYAN_STORE_URL")
     source = "MIBYAN_STORE_URL"
     if not url:
         config = home / "config.yaml"
-        layer = parse_yaml(config, config.read_bytes()) if config.is_file() else {}
-        section = layer.get("store")
-        url = section.get("url") if isinstance(section, dict) else None
+        url = _configured_url(config)
         source = f"{config}: store.url"
     if not url:
         return None
     if not isinstance(url, str) or not url.startswith(("postgresql://", "postgres://")):
         raise StoreError(f"{source}: {url!r} is not a postgresql:// URL (omit it for SQLite in the home)")
     return url
+
+
+def _configured_url(config: Path) -> object:
+    """`store.url` of a config file, read without the configuration's validation (which `mibyan sessions`
+    does not load): YAML is parsed only when the file mentions a store at all."""
+    try:
+        data = config.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise StoreError(f"{config}: cannot read it ({exc.strerror or exc})") from None
+    if b"store" not in data:
+        return None
+    import yaml
+
+    try:
+        layer = yaml.safe_load(data)
+    except yaml.YAMLError as exc:
+        raise StoreError(f"{config}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    section = layer.get("store") if isinstance(layer, dict) else None
+    return section.get("url") if isinstance(section, dict) else None
 
 
 class SessionStore:
