@@ -23,6 +23,7 @@ from mibyan.core.redact import mask_secrets
 from mibyan.store.database import Database, StoreError
 from mibyan.store.events import Events
 from mibyan.store.facts import Facts
+from mibyan.store.leases import Leases
 from mibyan.store.ledger import Channels, GatewayLedger
 from mibyan.store.messages import Messages
 from mibyan.store.search import Search
@@ -119,6 +120,8 @@ class SessionStore:
         self.events = Events(db)
         self.ledger = GatewayLedger(db)
         self.channels = Channels(db)
+        #: Channel leases, when gateways on several machines share this store (PostgreSQL); else None.
+        self.leases = Leases(db) if db.dialect.name == "postgresql" else None
 
     @classmethod
     def at_url(cls, url: str) -> SessionStore:
@@ -152,6 +155,10 @@ class SessionStore:
         ):
             return cls.open(home)
         return cls(path, read_only=True)
+
+    def fenced(self, channel: str, owner: str, epoch: int) -> AbstractContextManager[None]:
+        """This thread's writes are refused (LeaseLost) unless `owner` still holds `channel` at `epoch`."""
+        return self.database.fenced(channel, owner, epoch)
 
     def close(self) -> None:
         self.database.close()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import re
+import threading
 import time
 import unicodedata
 from collections.abc import Iterable, Iterator, Sequence
@@ -24,7 +25,7 @@ import psycopg_pool
 from psycopg.rows import dict_row
 
 from mibyan.store import postgres_schema
-from mibyan.store.database import Dialect, StoreError
+from mibyan.store.database import Dialect, LeaseLost, StoreError
 from mibyan.store.migrations import APPLIED_NAMES, APPLIED_TABLE, RECORD_APPLIED
 
 #: The advisory lock migrations run under (any fixed number; "mibyan" in ASCII).
@@ -33,6 +34,7 @@ _COMBINING = re.compile("[\u0300-\u036f]")
 _LITERAL_OR_MARK = re.compile(r"'(?:[^']|'')*'|\?|%")
 #: Words around the hits a snippet shows (SQLite's snippet(..., 12)), and what marks a cut.
 _SNIPPET_WORDS = 12
+_FENCE = "SELECT 1 FROM gateway_leases WHERE channel = %s AND owner = %s AND epoch = %s FOR SHARE"
 _ELLIPSIS = "…"
 
 
@@ -234,6 +236,7 @@ class PostgresDatabase:
     def __init__(self, url: str, *, pool_size: int = 8) -> None:
         self.url = url
         self.name = shown_url(url)
+        self._fence = threading.local()
         try:
             with psycopg.connect(url, connect_timeout=10) as conn:
                 self._migrate(conn)
@@ -266,9 +269,21 @@ class PostgresDatabase:
         self._pool.close()
 
     @contextmanager
+    def fenced(self, channel: str, owner: str, epoch: int) -> Iterator[None]:
+        self._fence.lease = (channel, owner, epoch)
+        try:
+            yield
+        finally:
+            self._fence.lease = None
+
+    @contextmanager
     def _transaction(self) -> Iterator[_Connection]:
+        lease = getattr(self._fence, "lease", None)
         try:
             with self._pool.connection() as conn, conn.transaction():
+                if lease is not None and not conn.execute(_FENCE, lease).fetchone():
+                    # FOR SHARE: a takeover's claim waits for this transaction, then raises the epoch
+                    raise LeaseLost(f"{lease[0]}: another gateway took this channel over; nothing was saved")
                 yield _Connection(conn)
         except psycopg.Error as exc:
             raise StoreError(f"{self.name}: {_reason(exc)}; nothing was saved") from None

@@ -175,3 +175,20 @@ def _create_model_calls(db: psycopg.Connection[Any]) -> None:
         )""",
         "CREATE INDEX model_calls_session ON model_calls(session_id)",
     )
+
+
+@migration
+def _create_gateway_leases(db: psycopg.Connection[Any]) -> None:
+    # Several gateways on one database (DESIGN §16): a channel is run by whoever holds its lease, whose
+    # epoch rises at every claim; a run's writes check it (store/postgres.py), and a message can be
+    # running in only one place per channel.
+    _run(
+        db,
+        """CREATE TABLE gateway_leases (
+            channel TEXT PRIMARY KEY,
+            owner TEXT NOT NULL,
+            epoch BIGINT NOT NULL,
+            expires_at DOUBLE PRECISION NOT NULL
+        )""",
+        "CREATE UNIQUE INDEX gateway_inbox_one_running ON gateway_inbox(channel) WHERE status = 'running'",
+    )

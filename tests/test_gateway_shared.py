@@ -1,0 +1,68 @@
+"""Several `mibyan gateway` processes on one PostgreSQL store (DESIGN §16): one run per channel across
+all of them, in arrival order per gateway, each message answered once."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+from gatewaying import RunningGateway, write_config
+from loopback import ScriptedServer, echo, user_texts
+
+from agent_state import SessionStore
+
+pytestmark = pytest.mark.postgres
+
+MEEPA = {"id": "meepa", "default": True, "provider": "local", "model": "meepa-model"}
+
+
+def _home(tmp_path: Path, name: str, server: ScriptedServer, pg_url: str) -> Path:
+    home = tmp_path / name
+    home.mkdir(mode=0o700)
+    write_config(home, {"local": server.base_url}, [MEEPA], extra={"store": {"url": pg_url}})
+    return home
+
+
+def _say_in_order(gateway: RunningGateway, texts: list[str]) -> list[str]:
+    client = gateway.client()
+    replies = []
+    for text in texts:  # each after the previous one's reply: this gateway's arrival order
+        done = client.chat.completions.create(
+            model="meepa",
+            messages=[{"role": "user", "content": text}],
+            extra_headers={"X-Mibyan-Channel": "team"},
+        )
+        replies.append(str(done.choices[0].message.content))
+    return replies
+
+
+def test_two_gateways_answer_fifty_messages_on_one_channel_once_each_never_overlapping(
+    server: ScriptedServer, tmp_path: Path, pg_url: str
+) -> None:
+    server.default = (
+        echo  # "echo N: text", N the user messages its session holds: overlapping turns repeat an N
+    )
+    texts = [f"message {i}" for i in range(50)]
+    sent = {"a": texts[0::2], "b": texts[1::2]}  # alternately, to both at once
+    homes = {name: _home(tmp_path, name, server, pg_url) for name in sent}
+    with RunningGateway(homes["a"]) as a, RunningGateway(homes["b"]) as b, ThreadPoolExecutor(2) as pool:
+        answered = {
+            name: pool.submit(_say_in_order, gateway, sent[name]) for name, gateway in (("a", a), ("b", b))
+        }
+        replies = {name: future.result(timeout=300) for name, future in answered.items()}
+
+    for name, texts_sent in sent.items():  # each reply answers its own message
+        assert [reply.split(": ", 1)[1] for reply in replies[name]] == texts_sent
+    turns = sorted(int(reply.split(":")[0].split()[1]) for reply in [*replies["a"], *replies["b"]])
+    assert turns == list(range(1, 51))  # each turn saw every earlier one whole, and no turn ran twice
+    assert len(server.requests) == 50
+    with SessionStore.at_url(pg_url) as store:
+        (session,) = [row for row in store.list_sessions() if row["source"] == "gateway"]
+        history: list[Any] = store.load_messages(session["id"])
+    assert [m["role"] for m in history] == ["user", "assistant"] * 50
+    said = [m["content"] for m in history if m["role"] == "user"]
+    for texts_sent in sent.values():  # the order each gateway got its messages in is kept
+        assert [text for text in said if text in texts_sent] == texts_sent
+    assert user_texts({"messages": history}) == said
