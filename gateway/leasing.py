@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 from agent_state import SessionStore
+from mibyan.gateway.ledger import InboxEntry, inbox_entry
 from mibyan.store.leases import Leases
 
 log = logging.getLogger("mibyan.gateway")
@@ -72,6 +73,11 @@ class ChannelLeases:
                 log.warning("lost the channel %s to another gateway: its run is interrupted", channel)
                 lost()
                 return
+
+    async def abandoned(self) -> list[InboxEntry]:
+        """Messages left running on channels whose lease ran out, oldest first."""
+        rows = await self._call(self.leases.abandoned)
+        return [inbox_entry(row) for row in rows]
 
     async def release(self, channel: str, epoch: int) -> None:
         await self._call(lambda: self.leases.release(channel, self.owner, epoch))

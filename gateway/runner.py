@@ -142,6 +142,26 @@ class Gateway:
             queued += 1
         return queued
 
+    async def take_over_abandoned(self) -> None:
+        """With a shared store, until cancelled: queue the messages left running on channels whose
+        gateway stopped renewing their lease (killed, stopped, cut off), to answer them here."""
+        leases = self.leases
+        if leases is None:
+            return
+        while True:
+            await asyncio.sleep(leases.seconds / 3)
+            try:
+                entries = await leases.abandoned()
+            except MibyanError as exc:  # the database away for a moment: look again next time
+                log.warning("looking for abandoned channels failed: %s", exc)
+                continue
+            for entry in entries:
+                instance = self.agents.get(entry.channel.split("/", 1)[0])
+                if instance is None or entry.id in self._waiting or not self._accepting:
+                    continue
+                log.info("channel %s: its gateway stopped; taking message %s over", entry.channel, entry.id)
+                self._enqueue(entry, RunRequest.from_record(entry.request), instance)
+
     async def undelivered(self) -> list[Reply]:
         """Replies recorded but not sent before the last stop; older ones are marked stale, not returned."""
         window = self.settings.gateway.redeliver_within
@@ -349,6 +369,15 @@ class Gateway:
         epoch = await leases.claim(key)
         holding = asyncio.create_task(leases.hold(key, epoch, lambda: self.interrupt(key)))
         try:
+            # read again under the lease: another gateway may have answered it meanwhile (a message
+            # resumed by two gateways starting, or one taken over)
+            fresh = await self._ledger(lambda: self.ledger.entry(job.entry.id))
+            if fresh is not None and fresh.status in ("answered", "failed"):
+                reply = await self._ledger(lambda: self.ledger.reply_for(fresh.id))
+                if reply is None:
+                    raise RunFailed("this message failed on another gateway")
+                return Outcome(fresh.id, reply.text, reply.session_id, reply.usage)
+            job.entry = fresh or job.entry
             for inbox_id in await leases.left_running(key):
                 if inbox_id != job.entry.id and inbox_id not in self._waiting:
                     await self._finish_left(key, epoch, inbox_id)

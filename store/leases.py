@@ -64,3 +64,13 @@ class Leases:
             "SELECT * FROM gateway_inbox WHERE channel = ? AND status = 'running' ORDER BY id", (channel,)
         )
         return [row_dict(r) for r in rows]
+
+    def abandoned(self) -> list[dict[str, Any]]:
+        """Inbox rows left running on a channel whose lease ran out (its gateway died or was cut off),
+        oldest first."""
+        rows = self._db.query(
+            "SELECT i.* FROM gateway_inbox i JOIN gateway_leases l ON l.channel = i.channel"
+            " WHERE i.status = 'running' AND l.expires_at < ? ORDER BY i.id",
+            (time.time(),),
+        )
+        return [row_dict(r) for r in rows]

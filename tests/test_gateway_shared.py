@@ -3,13 +3,18 @@ all of them, in arrival order per gateway, each message answered once."""
 
 from __future__ import annotations
 
+import contextlib
+import itertools
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import openai
 import pytest
+from conftest import wait_until
 from gatewaying import RunningGateway, write_config
-from loopback import ScriptedServer, echo, user_texts
+from loopback import Reply, ScriptedServer, echo, user_texts
 
 from agent_state import SessionStore
 
@@ -18,10 +23,10 @@ pytestmark = pytest.mark.postgres
 MEEPA = {"id": "meepa", "default": True, "provider": "local", "model": "meepa-model"}
 
 
-def _home(tmp_path: Path, name: str, server: ScriptedServer, pg_url: str) -> Path:
+def _home(tmp_path: Path, name: str, server: ScriptedServer, pg_url: str, **gateway: Any) -> Path:
     home = tmp_path / name
     home.mkdir(mode=0o700)
-    write_config(home, {"local": server.base_url}, [MEEPA], extra={"store": {"url": pg_url}})
+    write_config(home, {"local": server.base_url}, [MEEPA], gateway=gateway, extra={"store": {"url": pg_url}})
     return home
 
 
@@ -66,3 +71,47 @@ def test_two_gateways_answer_fifty_messages_on_one_channel_once_each_never_overl
     for texts_sent in sent.values():  # the order each gateway got its messages in is kept
         assert [text for text in said if text in texts_sent] == texts_sent
     assert user_texts({"messages": history}) == said
+
+
+def test_a_gateway_killed_mid_call_has_its_message_answered_once_by_the_other(
+    server: ScriptedServer, tmp_path: Path, pg_url: str
+) -> None:
+    first_call, calls = threading.Event(), itertools.count()
+
+    def model(body: dict[str, Any]) -> Reply:
+        if next(calls) == 0:  # the doomed gateway's call: in flight until it has been killed
+            first_call.wait(120)
+        return echo(body)
+
+    server.default = model
+    homes = [_home(tmp_path, name, server, pg_url, lease_seconds=2) for name in ("doomed", "other")]
+    with RunningGateway(homes[0]) as doomed, RunningGateway(homes[1]) as other:
+        asked = threading.Thread(target=_ask_ignoring_failure, args=(doomed, "who takes this over?"))
+        asked.start()
+        assert server.wait_for_requests(1)
+        doomed.kill()
+        first_call.set()
+        asked.join(60)
+
+        def answered() -> list[Any] | None:
+            with SessionStore.at_url(pg_url) as store:
+                sessions = [row for row in store.list_sessions() if row["source"] == "gateway"]
+                history = store.load_messages(sessions[0]["id"]) if sessions else []
+            return history if any(m["role"] == "assistant" for m in history) else None
+
+        history = wait_until(answered, timeout=120)
+        assert [(m["role"], m["content"]) for m in history or []] == [
+            ("user", "who takes this over?"),
+            ("assistant", "echo 1: who takes this over?"),
+        ]
+        assert _say_in_order(other, ["and now?"]) == ["echo 2: and now?"]
+    assert len(server.requests) == 3  # the killed gateway's call, the other's for that message, the next
+
+
+def _ask_ignoring_failure(gateway: RunningGateway, text: str) -> None:
+    with contextlib.suppress(openai.APIError):
+        gateway.client().chat.completions.create(
+            model="meepa",
+            messages=[{"role": "user", "content": text}],
+            extra_headers={"X-Mibyan-Channel": "team"},
+        )
