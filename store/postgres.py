@@ -34,6 +34,9 @@ _COMBINING = re.compile("[\u0300-\u036f]")
 _LITERAL_OR_MARK = re.compile(r"'(?:[^']|'')*'|\?|%")
 #: Words around the hits a snippet shows (SQLite's snippet(..., 12)), and what marks a cut.
 _SNIPPET_WORDS = 12
+#: The lease this thread's writes are fenced by, in every store of the process (a gateway's run writes
+#: through the agent's own store as well as the gateway's).
+_FENCED = threading.local()
 _FENCE = "SELECT 1 FROM gateway_leases WHERE channel = %s AND owner = %s AND epoch = %s FOR SHARE"
 _ELLIPSIS = "…"
 
@@ -236,7 +239,6 @@ class PostgresDatabase:
     def __init__(self, url: str, *, pool_size: int = 8) -> None:
         self.url = url
         self.name = shown_url(url)
-        self._fence = threading.local()
         try:
             with psycopg.connect(url, connect_timeout=10) as conn:
                 self._migrate(conn)
@@ -270,15 +272,15 @@ class PostgresDatabase:
 
     @contextmanager
     def fenced(self, channel: str, owner: str, epoch: int) -> Iterator[None]:
-        self._fence.lease = (channel, owner, epoch)
+        _FENCED.lease = (channel, owner, epoch)
         try:
             yield
         finally:
-            self._fence.lease = None
+            _FENCED.lease = None
 
     @contextmanager
     def _transaction(self) -> Iterator[_Connection]:
-        lease = getattr(self._fence, "lease", None)
+        lease = getattr(_FENCED, "lease", None)
         try:
             with self._pool.connection() as conn, conn.transaction():
                 if lease is not None and not conn.execute(_FENCE, lease).fetchone():

@@ -3,8 +3,8 @@ all of them, in arrival order per gateway, each message answered once."""
 
 from __future__ import annotations
 
-import contextlib
 import itertools
+import signal
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -108,10 +108,80 @@ def test_a_gateway_killed_mid_call_has_its_message_answered_once_by_the_other(
     assert len(server.requests) == 3  # the killed gateway's call, the other's for that message, the next
 
 
-def _ask_ignoring_failure(gateway: RunningGateway, text: str) -> None:
-    with contextlib.suppress(openai.APIError):
+def _ask_ignoring_failure(gateway: RunningGateway, text: str, outcomes: list[str] | None = None) -> None:
+    """Ask on the channel; `outcomes` gets "answered" or "failed" (a killed gateway's client fails)."""
+    try:
         gateway.client().chat.completions.create(
             model="meepa",
             messages=[{"role": "user", "content": text}],
             extra_headers={"X-Mibyan-Channel": "team"},
         )
+        said = "answered"
+    except openai.APIError:
+        said = "failed"
+    if outcomes is not None:
+        outcomes.append(said)
+
+
+def _held_first_call(server: ScriptedServer) -> threading.Event:
+    """The server's first model call waits until the returned event is set; every call echoes."""
+    release, calls = threading.Event(), itertools.count()
+
+    def model(body: dict[str, Any]) -> Reply:
+        if next(calls) == 0:
+            release.wait(120)
+        return echo(body)
+
+    server.default = model
+    return release
+
+
+def _history(pg_url: str) -> list[tuple[str, Any]]:
+    with SessionStore.at_url(pg_url) as store:
+        sessions = [row for row in store.list_sessions() if row["source"] == "gateway"]
+        history = store.load_messages(sessions[0]["id"]) if sessions else []
+    return [(m["role"], m["content"]) for m in history]
+
+
+def test_a_gateway_stopped_past_its_lease_and_resumed_writes_nothing_more(
+    server: ScriptedServer, tmp_path: Path, pg_url: str
+) -> None:
+    release = _held_first_call(server)
+    homes = [_home(tmp_path, name, server, pg_url, lease_seconds=2) for name in ("stopped", "other")]
+    with RunningGateway(homes[0]) as stopped, RunningGateway(homes[1]):
+        outcomes: list[str] = []
+        asked = threading.Thread(target=_ask_ignoring_failure, args=(stopped, "who answers?", outcomes))
+        asked.start()
+        assert server.wait_for_requests(1)
+        stopped.process.send_signal(signal.SIGSTOP)
+        answer = [("user", "who answers?"), ("assistant", "echo 1: who answers?")]
+        assert wait_until(lambda: _history(pg_url) == answer, timeout=120)  # taken over
+        release.set()  # the stopped gateway's call gets its answer too, once it runs again
+        stopped.process.send_signal(signal.SIGCONT)
+        asked.join(120)
+        assert not asked.is_alive()
+        assert _history(pg_url) == answer
+        assert outcomes == ["failed"]  # its run was refused the channel, so its client has no answer
+
+
+def test_one_idempotency_key_sent_to_two_gateways_makes_one_model_call(
+    server: ScriptedServer, tmp_path: Path, pg_url: str
+) -> None:
+    release = _held_first_call(server)
+    homes = [_home(tmp_path, name, server, pg_url) for name in ("a", "b")]
+    with RunningGateway(homes[0]) as a, RunningGateway(homes[1]) as b, ThreadPoolExecutor(2) as pool:
+
+        def ask(gateway: RunningGateway) -> str:
+            done = gateway.client().chat.completions.create(
+                model="meepa",
+                messages=[{"role": "user", "content": "only once, please"}],
+                extra_headers={"Idempotency-Key": "key-1"},
+            )
+            return str(done.choices[0].message.content)
+
+        first = pool.submit(ask, a)
+        assert server.wait_for_requests(1)
+        second = pool.submit(ask, b)  # sent while the first run's model call is in flight
+        release.set()
+        assert first.result(timeout=120) == second.result(timeout=120) == "echo 1: only once, please"
+    assert len(server.requests) == 1

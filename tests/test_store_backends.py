@@ -241,3 +241,27 @@ def test_three_processes_starting_at_once_on_an_empty_database_migrate_it_once(p
     with SessionStore.at_url(pg_url) as store:
         names = [row["name"] for row in store.query("SELECT name FROM _mibyan_migrations ORDER BY name")]
     assert names == sorted(step.__name__ for step in MIGRATIONS)
+
+
+@pytest.mark.postgres
+def test_a_channel_lease_is_claimed_by_one_and_fences_the_writes_of_a_lost_holder(pg_url: str) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from mibyan.store.database import LeaseLost
+
+    with SessionStore.at_url(pg_url) as store:
+        leases = store.leases
+        assert leases is not None
+        with ThreadPoolExecutor(8) as pool:  # eight claims at once: one lease between them
+            epochs = list(pool.map(lambda i: leases.claim("a/http/team", f"gw{i}", 60), range(8)))
+        assert [e for e in epochs if e is not None] == [1]
+        winner = f"gw{epochs.index(1)}"
+        assert leases.claim("a/http/team", "late", 60) is None
+        with store.fenced("a/http/team", winner, 1):
+            store.messages.append("s1", {"role": "user", "content": "mine"}, create={"source": "gateway"})
+        leases.release("a/http/team", winner, 1)
+        assert leases.claim("a/http/team", "next", 60) == 2  # the epoch rises at every claim
+        with store.fenced("a/http/team", winner, 1), pytest.raises(LeaseLost, match="took this channel over"):
+            store.messages.append("s1", {"role": "assistant", "content": "too late"})
+        assert store.load_messages("s1") == [{"role": "user", "content": "mine"}]
+        assert not leases.renew("a/http/team", winner, 1, 60) and leases.renew("a/http/team", "next", 2, 60)
