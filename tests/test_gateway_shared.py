@@ -185,3 +185,28 @@ def test_one_idempotency_key_sent_to_two_gateways_makes_one_model_call(
         release.set()
         assert first.result(timeout=120) == second.result(timeout=120) == "echo 1: only once, please"
     assert len(server.requests) == 1
+
+
+def test_three_gateways_starting_at_once_on_an_empty_database_migrate_it_once(
+    server: ScriptedServer, tmp_path: Path, pg_url: str
+) -> None:
+    server.default = echo
+    homes = [_home(tmp_path, name, server, pg_url) for name in ("a", "b", "c")]
+    with ThreadPoolExecutor(3) as pool:
+        gateways = list(pool.map(RunningGateway, homes))  # each waits until its gateway says ready
+    try:
+        assert [_say_in_order(gateway, [f"hello {i}"])[0] for i, gateway in enumerate(gateways)] == [
+            "echo 1: hello 0",
+            "echo 2: hello 1",
+            "echo 3: hello 2",
+        ]
+        for gateway in gateways:
+            assert not [line for line in gateway.lines if "error" in line.lower() or "Traceback" in line]
+    finally:
+        for gateway in gateways:
+            gateway.kill()
+    from mibyan.store.postgres_schema import MIGRATIONS
+
+    with SessionStore.at_url(pg_url) as store:
+        names = [row["name"] for row in store.query("SELECT name FROM _mibyan_migrations ORDER BY name")]
+    assert names == sorted(step.__name__ for step in MIGRATIONS)
