@@ -13,7 +13,7 @@ nothing rewrites a session except an explicit history repair. Everything stored 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -23,6 +23,7 @@ from mibyan.core.redact import mask_secrets
 from mibyan.store.database import Database, StoreError
 from mibyan.store.events import Events
 from mibyan.store.facts import Facts
+from mibyan.store.leases import Leases
 from mibyan.store.ledger import Channels, GatewayLedger
 from mibyan.store.messages import Messages
 from mibyan.store.search import Search
@@ -40,8 +41,46 @@ __all__ = [
     "SessionStore",
     "StoreError",
     "mask_secrets",
+    "store_url",
     "title_from",
 ]
+
+
+def store_url(home: Path, env: Mapping[str, str] | None = None) -> str | None:
+    """The configured PostgreSQL store: `$MIBYAN_STORE_URL`, else `store.url` of the home's config.yaml;
+    None: SQLite in the home."""
+    url: object = (os.environ if env is None else env).get("MIBYAN_STORE_URL")
+    source = "MIBYAN_STORE_URL"
+    if not url:
+        config = home / "config.yaml"
+        url = _configured_url(config)
+        source = f"{config}: store.url"
+    if not url:
+        return None
+    if not isinstance(url, str) or not url.startswith(("postgresql://", "postgres://")):
+        raise StoreError(f"{source}: {url!r} is not a postgresql:// URL (omit it for SQLite in the home)")
+    return url
+
+
+def _configured_url(config: Path) -> object:
+    """`store.url` of a config file, read without the configuration's validation (which `mibyan sessions`
+    does not load): YAML is parsed only when the file mentions a store at all."""
+    try:
+        data = config.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise StoreError(f"{config}: cannot read it ({exc.strerror or exc})") from None
+    if b"store" not in data:
+        return None
+    import yaml
+
+    try:
+        layer = yaml.safe_load(data)
+    except yaml.YAMLError as exc:
+        raise StoreError(f"{config}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    section = layer.get("store") if isinstance(layer, dict) else None
+    return section.get("url") if isinstance(section, dict) else None
 
 
 class SessionStore:
@@ -57,11 +96,20 @@ class SessionStore:
         StoreError: the file is corrupt, not a database, or cannot be opened; it is never overwritten.
     """
 
-    def __init__(self, path: Path, *, read_only: bool = False, busy_timeout: float | None = None) -> None:
+    def __init__(
+        self,
+        path: Path,
+        *,
+        read_only: bool = False,
+        busy_timeout: float | None = None,
+        database: Database | None = None,
+    ) -> None:
         self.path = path
         self.read_only = read_only
-        wait = busy_timeout if busy_timeout is not None else busy_timeout_from_environment()
-        self.database: Database = SqliteDatabase(path, read_only=read_only, busy_timeout=wait)
+        if database is None:
+            wait = busy_timeout if busy_timeout is not None else busy_timeout_from_environment()
+            database = SqliteDatabase(path, read_only=read_only, busy_timeout=wait)
+        self.database: Database = database
         db = self.database
         self.sessions = Sessions(db)
         self.lineage = Lineage(db)
@@ -72,21 +120,45 @@ class SessionStore:
         self.events = Events(db)
         self.ledger = GatewayLedger(db)
         self.channels = Channels(db)
+        #: Channel leases, when gateways on several machines share this store (PostgreSQL); else None.
+        self.leases = Leases(db) if db.dialect.name == "postgresql" else None
+
+    @classmethod
+    def at_url(cls, url: str) -> SessionStore:
+        """The PostgreSQL store at `url` (postgresql://...; needs the extra `mibyan[postgres]`)."""
+        try:
+            from mibyan.store.postgres import PostgresDatabase
+        except ImportError:
+            raise StoreError(
+                "store.url names PostgreSQL, but psycopg is not installed: pip install 'mibyan[postgres]'"
+            ) from None
+        database = PostgresDatabase(url)
+        return cls(Path(database.name), database=database)
 
     @classmethod
     def open(cls, home: Path, *, busy_timeout: float | None = None) -> SessionStore:
+        """The home's store: the configured PostgreSQL one (`store_url`), else `state.db` in the home."""
+        url = store_url(home)
+        if url is not None:
+            return cls.at_url(url)
         private_dir(home)
         return cls(home / "state.db", busy_timeout=busy_timeout)
 
     @classmethod
     def open_for_reading(cls, home: Path) -> SessionStore:
         """The store for commands that only read: read-only when the home or the database is not writable."""
+        if store_url(home) is not None:
+            return cls.open(home)
         path = home / "state.db"
         if not home.exists() or (
             os.access(home, os.W_OK) and (not path.exists() or os.access(path, os.W_OK))
         ):
             return cls.open(home)
         return cls(path, read_only=True)
+
+    def fenced(self, channel: str, owner: str, epoch: int) -> AbstractContextManager[None]:
+        """This thread's writes are refused (LeaseLost) unless `owner` still holds `channel` at `epoch`."""
+        return self.database.fenced(channel, owner, epoch)
 
     def close(self) -> None:
         self.database.close()

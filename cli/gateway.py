@@ -160,6 +160,7 @@ async def _serve(settings: AgentSettings, home: Path, say: Say, stop_with: StopW
     resumed = await gateway.resume()
     if resumed:
         log.info("resumed %d message(s) left unanswered by the last run", resumed)
+    watching = asyncio.create_task(gateway.take_over_abandoned())  # a no-op unless the store is shared
     _say_shared_memory(settings, say)
     for instance in gateway.agents.values():
         warning = instance.sandbox_warning()
@@ -180,6 +181,7 @@ async def _serve(settings: AgentSettings, home: Path, say: Say, stop_with: StopW
     log.info("ready: %s", ", ".join(f"{c.name} on {c.url}" for c in connectors))
     await stopping.wait()
     say("stopping")
+    watching.cancel()
     await gateway.drain()
     for connector in connectors:
         await connector.stop()

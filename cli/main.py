@@ -132,7 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sessions = commands.add_parser(
         "sessions",
-        help="list, show, search, export, rename or delete sessions",
+        help="list, show, search, export, rename, delete or import sessions",
         description="Your stored sessions.",
     )
     actions = sessions.add_subparsers(dest="action", metavar="ACTION", parser_class=_Parser, required=True)
@@ -157,6 +157,12 @@ def build_parser() -> argparse.ArgumentParser:
     rename = actions.add_parser("rename", help="give a session a title")
     rename.add_argument("id", type=_session_id)
     rename.add_argument("title", nargs="+")
+    imported = actions.add_parser(
+        "import", help="copy a home's SQLite store into the PostgreSQL one store.url names"
+    )
+    imported.add_argument(
+        "--from", dest="source", metavar="PATH", help="the home or state.db to copy (default: this home's)"
+    )
     skills = commands.add_parser("skills", help="the skills installed for you and this project")
     skill_actions = skills.add_subparsers(
         dest="action", metavar="ACTION", parser_class=_Parser, required=True

@@ -1,4 +1,4 @@
-"""`mibyan sessions`: list, show, search, export, rename and delete stored sessions.
+"""`mibyan sessions`: list, show, search, export, rename and delete stored sessions; import a SQLite store.
 
 Only the standard library and the store are imported here: no SDK, no pydantic or yaml (configuration
 is not needed to read the store), so these answer at once. `--json` on list, show and search prints
@@ -16,9 +16,10 @@ import json
 import sys
 from collections.abc import Iterator
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
-from agent_state import SessionStore
+from agent_state import SessionStore, store_url
 from mibyan.config.paths import mibyan_home
 from mibyan.core import session_text
 from mibyan.core.errors import MibyanError
@@ -159,6 +160,26 @@ def _rename(store: SessionStore, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _import(store: SessionStore, args: argparse.Namespace) -> int:
+    """Copy a home's SQLite store (`--from`: a home or its state.db) into the configured PostgreSQL one."""
+    from mibyan.store.transfer import copy_store
+
+    source = Path(args.source) if args.source else mibyan_home()
+    if source.is_dir():
+        source = source / "state.db"
+    if not source.is_file():
+        raise UsageError(f"there is no SQLite store at {source} to import")
+    with SessionStore(source, read_only=True) as old:
+        copied = copy_store(old.database, store.database)
+    print(
+        visible(
+            f"imported {copied.sessions} session(s) ({copied.messages} messages, {copied.facts} facts) "
+            f"from {source} into {store.path}; {copied.skipped} were there already"
+        )
+    )
+    return EXIT_OK
+
+
 _ACTIONS = {
     "list": _list,
     "show": _show,
@@ -166,12 +187,17 @@ _ACTIONS = {
     "export": _export,
     "delete": _delete,
     "rename": _rename,
+    "import": _import,
 }
 
 
 def run_sessions(args: argparse.Namespace) -> int:
     try:
         home = mibyan_home()
+        if args.action == "import" and store_url(home) is None:
+            raise UsageError(
+                "nothing to import into: set store.url (or MIBYAN_STORE_URL) to a postgresql:// URL first"
+            )
         reading = args.action in ("list", "show", "search", "export")
         store = SessionStore.open_for_reading(home) if reading else SessionStore.open(home)
         return _ACTIONS[args.action](store, args)

@@ -119,6 +119,8 @@ class GatewaySection(_Section):
     shutdown_grace: float = Field(default=30, ge=0)
     redeliver_within: float = Field(default=600, ge=0)
     max_attachment_mb: float = Field(default=10, ge=0)  # a file a user sends larger than this is not kept
+    # a channel claimed by a gateway that stopped renewing it is taken over after this (shared stores)
+    lease_seconds: float = Field(default=30, gt=0)
 
 
 def check_agents(agents: Sequence[GatewayAgent], providers: Collection[str] | None) -> None:

@@ -159,6 +159,18 @@ class SkillsSection(_Section):
     threshold: float = Field(default=0.5, ge=-1, le=1)
 
 
+class StoreSection(_Section):
+    # omitted: SQLite in the home; a postgresql:// URL: the team's shared database (DESIGN §16)
+    url: str | None = None
+
+    @field_validator("url")
+    @classmethod
+    def _postgres_url(cls, url: str | None) -> str | None:
+        if url is not None and not url.startswith(("postgresql://", "postgres://")):
+            raise ValueError(f"{url!r} is not a postgresql:// URL (omit store.url for SQLite in the home)")
+        return url
+
+
 class AuxiliaryTask(_Section):
     provider: str | None = None
     model: str | None = None
@@ -184,6 +196,7 @@ class AgentSettings(_Section):
     agents: list[GatewayAgent] = []
     connectors: list[Connector] = []
     gateway: GatewaySection = GatewaySection()
+    store: StoreSection = StoreSection()
     mcp_servers: dict[str, McpServerSettings] = {}
     mcp: McpSection = McpSection()
 

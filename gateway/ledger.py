@@ -48,7 +48,8 @@ class Reply:
     created_at: float
 
 
-def _entry(row: dict[str, Any]) -> InboxEntry:
+def inbox_entry(row: dict[str, Any]) -> InboxEntry:
+    """An inbox row as the typed entry."""
     return InboxEntry(
         id=int(row["id"]),
         channel=str(row["channel"]),
@@ -90,7 +91,7 @@ class Ledger:
         row, new = self.store.ledger.record_inbound(
             channel, message_key, json.dumps(request, ensure_ascii=False)
         )
-        return _entry(row), new
+        return inbox_entry(row), new
 
     def mark_running(self, inbox_id: int, session_id: str, history_length: int) -> None:
         """An agent starts on the message; `history_length` is the session's length before its turn."""
@@ -116,7 +117,7 @@ class Ledger:
 
     def unfinished(self) -> list[InboxEntry]:
         """Messages that were recorded but not answered (queued or cut off by a stop), oldest first."""
-        return [_entry(r) for r in self.store.ledger.unfinished()]
+        return [inbox_entry(r) for r in self.store.ledger.unfinished()]
 
     def undelivered(self, within: float) -> list[Reply]:
         """Replies recorded but never sent; those older than `within` seconds are marked stale instead."""
@@ -138,7 +139,7 @@ class Ledger:
     def entry(self, inbox_id: int) -> InboxEntry | None:
         """One inbound message by its ledger id (a chat connector re-sending its reply needs its id)."""
         row = self.store.ledger.inbound(inbox_id)
-        return _entry(row) if row else None
+        return inbox_entry(row) if row else None
 
     def has_message(self, channel: str, message_key: str) -> bool:
         """Whether the channel already recorded this message (a chat platform without send idempotency,

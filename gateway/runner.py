@@ -33,6 +33,7 @@ from mibyan.gateway.approvals import (
     PendingApproval,
     answer_first_text,
 )
+from mibyan.gateway.leasing import ChannelLeases
 from mibyan.gateway.ledger import InboxEntry, Ledger, Reply
 from mibyan.gateway.resumption import cut_turn_start, not_to_resume
 from mibyan.gateway.streaming import AnswerStream
@@ -48,6 +49,7 @@ from mibyan.gateway.work import (
     UnknownAgent,
     channel_key,
 )
+from mibyan.store.database import LeaseLost
 from mibyan.tools.approval import Approver
 
 if TYPE_CHECKING:
@@ -92,6 +94,10 @@ class Gateway:
         # a channel is asked the model's clarify questions always, its dangerous commands with `ask`
         self._asking = settings.gateway.approvals == "ask"
         self.approvals = ChannelApprovals(settings.approvals.timeout)
+        # a store shared by gateways on several machines: a channel runs where its lease is held
+        leases = self.store.leases
+        seconds = settings.gateway.lease_seconds
+        self.leases = None if leases is None else ChannelLeases(self.store, leases, seconds, self._io)
 
     def default_agent(self) -> AgentInstance | None:
         for instance in self.agents.values():
@@ -135,6 +141,26 @@ class Gateway:
             self._enqueue(entry, RunRequest.from_record(entry.request), instance)
             queued += 1
         return queued
+
+    async def take_over_abandoned(self) -> None:
+        """With a shared store, until cancelled: queue the messages left running on channels whose
+        gateway stopped renewing their lease (killed, stopped, cut off), to answer them here."""
+        leases = self.leases
+        if leases is None:
+            return
+        while True:
+            await asyncio.sleep(leases.seconds / 3)
+            try:
+                entries = await leases.abandoned()
+            except MibyanError as exc:  # the database away for a moment: look again next time
+                log.warning("looking for abandoned channels failed: %s", exc)
+                continue
+            for entry in entries:
+                instance = self.agents.get(entry.channel.split("/", 1)[0])
+                if instance is None or entry.id in self._waiting or not self._accepting:
+                    continue
+                log.info("channel %s: its gateway stopped; taking message %s over", entry.channel, entry.id)
+                self._enqueue(entry, RunRequest.from_record(entry.request), instance)
 
     async def undelivered(self) -> list[Reply]:
         """Replies recorded but not sent before the last stop; older ones are marked stale, not returned."""
@@ -320,8 +346,7 @@ class Gateway:
                         raise ShuttingDown("the gateway is shutting down")
                     # a question of the previous run timed out: say so
                     job.preface = self.approvals.take_notice(key) or ""
-                    loop = asyncio.get_running_loop()
-                    outcome = await loop.run_in_executor(self._pool, self._run_job, job)
+                    outcome = await self._run_leased(key, job)
                 _resolve(job, outcome)
             except Exception as exc:  # the job's failure belongs to whoever waits for it
                 if not isinstance(exc, ShuttingDown):  # else left pending: the next start runs it
@@ -334,10 +359,67 @@ class Gateway:
         if self._channels.get(key) is queue:
             del self._channels[key]
 
+    async def _run_leased(self, key: str, job: Job) -> Outcome:
+        """Run the job in a worker thread; with a shared store, holding the channel's lease throughout,
+        after the message a lost holder left running there."""
+        loop = asyncio.get_running_loop()
+        if self.leases is None:
+            return await loop.run_in_executor(self._pool, self._run_job, job)
+        leases = self.leases
+        epoch = await leases.claim(key)
+        holding = asyncio.create_task(leases.hold(key, epoch, lambda: self.interrupt(key)))
+        try:
+            # read again under the lease: another gateway may have answered it meanwhile (a message
+            # resumed by two gateways starting, or one taken over)
+            fresh = await self._ledger(lambda: self.ledger.entry(job.entry.id))
+            if fresh is not None and fresh.status in ("answered", "failed"):
+                reply = await self._ledger(lambda: self.ledger.reply_for(fresh.id))
+                if reply is None:
+                    raise RunFailed("this message failed on another gateway")
+                return Outcome(fresh.id, reply.text, reply.session_id, reply.usage)
+            job.entry = fresh or job.entry
+            for inbox_id in await leases.left_running(key):
+                if inbox_id != job.entry.id and inbox_id not in self._waiting:
+                    await self._finish_left(key, epoch, inbox_id)
+            return await loop.run_in_executor(self._pool, self._run_fenced, job, key, epoch)
+        finally:
+            holding.cancel()
+            await leases.release(key, epoch)
+
+    async def _finish_left(self, key: str, epoch: int, inbox_id: int) -> None:
+        """Run, once, the message another gateway was running on the channel when it lost it."""
+        entry = await self._ledger(lambda: self.ledger.entry(inbox_id))
+        if entry is None:
+            return
+        instance = self.agents.get(entry.channel.split("/", 1)[0])
+        abandoned = not_to_resume(entry, instance)
+        if abandoned is not None or instance is None:
+            log.warning("message %s on %s is not run again: %s", entry.id, key, abandoned)
+            await self._ledger(functools.partial(self.ledger.set_status, entry.id, "failed"))
+            return
+        log.info("taking over message %s on %s from a gateway that lost the channel", entry.id, key)
+        job = Job(entry, RunRequest.from_record(entry.request), instance, self._new_future())
+        try:
+            outcome = await asyncio.get_running_loop().run_in_executor(
+                self._pool, self._run_fenced, job, key, epoch
+            )
+            _resolve(job, outcome)
+        except Exception as exc:
+            await self._failed(job, exc)
+
+    def _run_fenced(self, job: Job, key: str, epoch: int) -> Outcome:
+        """Worker thread: `_run_job` with every write checked against this gateway's lease."""
+        assert self.leases is not None
+        with self.store.fenced(key, self.leases.owner, epoch):
+            return self._run_job(job)
+
     async def _failed(self, job: Job, exc: Exception) -> Exception:
         """A run that raised: logged once, here, and marked failed, so no restart runs it again (a
         message that fails every time would otherwise fail at every start). Returns what its waiter gets."""
         entry = job.entry
+        if isinstance(exc, LeaseLost):  # the message is the new holder's now: its state is not ours
+            log.warning("message %s on %s: %s", entry.id, entry.channel, exc)
+            return exc
         if isinstance(exc, MibyanError):
             log.warning("message %s on %s failed: %s", entry.id, entry.channel, exc)
         else:

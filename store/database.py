@@ -20,6 +20,10 @@ class StoreError(MibyanError):
     """The session database cannot be used (corrupt, unreadable, locked for too long) or an id is unknown."""
 
 
+class LeaseLost(StoreError):
+    """A run's write was refused: its gateway no longer holds the channel (another took it over)."""
+
+
 class Row(Protocol):
     """One result row, read by column name (a sqlite3.Row, or a driver's dict row)."""
 
@@ -68,6 +72,11 @@ class Dialect(Protocol):
         seq, role, created_at, title, source, snippet, rank; best first."""
         ...
 
+    def snippets(self, hits: list[dict[str, Any]], text: str, marks: tuple[str, str]) -> list[dict[str, Any]]:
+        """The hits of `message_search` for the words `text`, with their snippets made where the SQL
+        could not make them as SQLite does (SQLite's come made: it returns `hits` as they are)."""
+        ...
+
     def fact_search(self) -> str:
         """The search over facts: parameters (query, owner or None, limit); column text, best first."""
         ...
@@ -90,6 +99,12 @@ class Database(Protocol):
 
     def transaction(self) -> AbstractContextManager[Connection]:
         """A write transaction: all of it is saved, or none of it and a StoreError."""
+        ...
+
+    def fenced(self, channel: str, owner: str, epoch: int) -> AbstractContextManager[None]:
+        """While inside, every write transaction of this thread first checks that `owner` still holds
+        `channel` at `epoch` (the lease of store/leases.py), else it is refused whole with LeaseLost.
+        A backend that one machine owns (SQLite) needs no check."""
         ...
 
     def close(self) -> None: ...

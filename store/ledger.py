@@ -31,19 +31,19 @@ class GatewayLedger:
             The inbox row, and whether it is new (False: the row recorded before under that key).
         """
         with self._db.transaction() as db:
-            if message_key is not None:
-                row = db.execute(
-                    "SELECT * FROM gateway_inbox WHERE channel = ? AND message_key = ?",
-                    (channel, message_key),
-                ).fetchone()
-                if row is not None:
-                    return row_dict(row), False
-            (row,) = db.execute(
+            # one statement that yields to a row another process inserts at the same moment (two
+            # gateways given one Idempotency-Key): it waits for that insert, then takes its row
+            rows = db.execute(
                 "INSERT INTO gateway_inbox (channel, message_key, request, received_at) VALUES (?, ?, ?, ?)"
-                " RETURNING *",
+                " ON CONFLICT DO NOTHING RETURNING *",
                 (channel, message_key, mask_secrets(request), time.time()),
             ).fetchall()
-        return row_dict(row), True
+            if rows:
+                return row_dict(rows[0]), True
+            row = db.execute(
+                "SELECT * FROM gateway_inbox WHERE channel = ? AND message_key = ?", (channel, message_key)
+            ).fetchone()
+        return row_dict(row), False
 
     def mark_running(self, inbox_id: int, session_id: str, history_length: int) -> None:
         with self._db.transaction() as db:

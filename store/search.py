@@ -50,4 +50,5 @@ class Search:
             params.append(since)
         params.extend(session_ids or ())
         params.append(limit)
-        return [row_dict(r) for r in self._db.query(sql, params)]
+        hits = [row_dict(r) for r in self._db.query(sql, params)]
+        return self._db.dialect.snippets(hits, query, marks)

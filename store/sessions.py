@@ -182,8 +182,9 @@ class Lineage:
         the parent's continuation after a compression; false: a subagent's session)."""
         rows = self._db.query(
             "SELECT id, title, source, model, message_count, input_tokens, output_tokens, created_at,"
-            " updated_at, end_reason, EXISTS (SELECT 1 FROM session_events e WHERE e.session_id = sessions.id"
-            " AND e.kind = 'compressed') AS compacted FROM sessions WHERE parent_id = ? ORDER BY created_at",
+            " updated_at, end_reason, CASE WHEN EXISTS (SELECT 1 FROM session_events e"
+            " WHERE e.session_id = sessions.id AND e.kind = 'compressed') THEN 1 ELSE 0 END AS compacted"
+            " FROM sessions WHERE parent_id = ? ORDER BY created_at",
             (session_id,),
         )
         return [row_dict(row) for row in rows]

@@ -16,7 +16,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +58,9 @@ class SqliteDialect:
         if sessions:
             sql += f" AND m.session_id IN ({', '.join('?' * sessions)})"
         return sql + " ORDER BY rank LIMIT ?"
+
+    def snippets(self, hits: list[dict[str, Any]], text: str, marks: tuple[str, str]) -> list[dict[str, Any]]:
+        return hits
 
     def fact_search(self) -> str:
         return (
@@ -232,6 +235,10 @@ class SqliteDatabase:
         if "readonly" in text or self.read_only:
             return f"{self.path}: cannot save: the database is read-only ({text})"
         return f"{self.path}: {text}"
+
+    def fenced(self, channel: str, owner: str, epoch: int) -> AbstractContextManager[None]:
+        """No check: the gateways sharing a SQLite store are on one machine, ordered by its file locks."""
+        return nullcontext()
 
     def transaction(self) -> AbstractContextManager[sqlite3.Connection]:
         """A write transaction (BEGIN IMMEDIATE)."""

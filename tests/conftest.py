@@ -75,6 +75,7 @@ def _isolated_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> No
         "ANTHROPIC_BASE_URL",
         "MIBYAN_MODEL",
         "MIBYAN_PROVIDER",
+        "MIBYAN_STORE_URL",
     ):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("MIBYAN_HOME", str(tmp_path / "default-home"))
@@ -208,3 +209,21 @@ def wait_until(condition: Callable[[], Any], timeout: float = 30.0) -> Any:
     while not (value := condition()) and time.monotonic() < deadline:
         time.sleep(0.02)
     return value
+
+
+@pytest.fixture(scope="session")
+def pg_cluster(testrun_uid: str) -> Iterator[str]:
+    """The superuser DSN of the session's PostgreSQL (tests/pging.py); the workers share one cluster."""
+    from pging import shared_cluster
+
+    with shared_cluster(testrun_uid) as dsn:
+        yield dsn
+
+
+@pytest.fixture
+def pg_url(pg_cluster: str) -> Iterator[str]:
+    """A new empty PostgreSQL database for this test, as a postgresql:// URL."""
+    from pging import fresh_database
+
+    with fresh_database(pg_cluster) as url:
+        yield url

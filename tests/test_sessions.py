@@ -22,6 +22,15 @@ from agent_state import SessionStore
 from mibyan.agent.messages import INTERRUPTED_RESULT, repair_history
 
 
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The test runs on SQLite in the home, then (`pytest -m postgres`) on a PostgreSQL database named by
+    MIBYAN_STORE_URL, which the agents made in this process and the commands run by run_cli both use."""
+    if request.param == "postgres":
+        monkeypatch.setenv("MIBYAN_STORE_URL", request.getfixturevalue("pg_url"))
+    return str(request.param)
+
+
 def stored(home: Path, session_id: str) -> list[dict]:
     store = SessionStore.open(home)
     try:
@@ -30,6 +39,7 @@ def stored(home: Path, session_id: str) -> list[dict]:
         store.close()
 
 
+@pytest.mark.usefixtures("backend")
 def test_every_message_is_stored_as_it_becomes_final(server: ScriptedServer, make_agent, home: Path) -> None:
     server.add(Reply(tool_calls=[("list_directory", {})]), Reply(text="listed"))
     agent = make_agent()
@@ -43,6 +53,7 @@ def test_every_message_is_stored_as_it_becomes_final(server: ScriptedServer, mak
     assert row["input_tokens"] == 20
 
 
+@pytest.mark.usefixtures("backend")
 def test_resume_continues_the_history_with_the_stored_system_prompt(
     server: ScriptedServer, make_agent
 ) -> None:
@@ -64,6 +75,7 @@ def test_resume_continues_the_history_with_the_stored_system_prompt(
     assert result["session_id"] == first["session_id"]
 
 
+@pytest.mark.usefixtures("backend")
 def test_a_passed_history_becomes_the_stored_history(server: ScriptedServer, make_agent, home: Path) -> None:
     server.add(Reply(text="continued"))
     history = [
@@ -103,6 +115,7 @@ def test_the_home_and_database_are_private(server: ScriptedServer, make_agent, t
     assert stat.S_IMODE((home / "state.db").stat().st_mode) == 0o600
 
 
+@pytest.mark.usefixtures("backend")
 def test_model_can_search_past_sessions(server: ScriptedServer, make_agent) -> None:
     server.add(Reply(text="The deploy command is make ship-it."))
     make_agent().chat("how do we deploy the flamingo service?")
@@ -181,6 +194,7 @@ def test_kill_during_a_tool_round_then_resume(server: ScriptedServer, home: Path
     assert next(m["content"] for m in sent if m["role"] == "tool") == INTERRUPTED_RESULT
 
 
+@pytest.mark.usefixtures("backend")
 def test_two_processes_write_to_one_store_at_once(server: ScriptedServer, home: Path) -> None:
     def script(body: dict) -> Reply:
         tools = sum(1 for m in body["messages"] if m["role"] == "tool")
@@ -209,6 +223,7 @@ def test_two_processes_write_to_one_store_at_once(server: ScriptedServer, home: 
         assert row["message_count"] == len(store.load_messages(row["id"])) == 18
 
 
+@pytest.mark.usefixtures("backend")
 def test_sessions_cli_lists_shows_searches_exports_renames_and_deletes(
     server: ScriptedServer, make_agent, home: Path
 ) -> None:
@@ -242,6 +257,7 @@ def test_sessions_cli_lists_shows_searches_exports_renames_and_deletes(
     assert run_cli("sessions", "show", oldest, home=home).returncode == 2
 
 
+@pytest.mark.usefixtures("backend")
 def test_resume_of_an_unknown_session_is_a_clear_error(home: Path) -> None:
     done = run_cli("chat", "--resume", "nosuch", "-q", "hi", "--base-url", "http://127.0.0.1:9/v1", home=home)
     assert done.returncode == 2
@@ -249,6 +265,7 @@ def test_resume_of_an_unknown_session_is_a_clear_error(home: Path) -> None:
 
 
 @pytest.mark.parametrize("flag", [["--resume"], ["-c"]])
+@pytest.mark.usefixtures("backend")
 def test_continue_picks_the_most_recent_chat_session_never_a_gateways(
     server: ScriptedServer, make_agent, home: Path, flag: list[str]
 ) -> None:
@@ -262,6 +279,7 @@ def test_continue_picks_the_most_recent_chat_session_never_a_gateways(
     assert [m["content"] for m in server.requests[-1].body["messages"][1:]] == ["second", "two", "third"]
 
 
+@pytest.mark.usefixtures("backend")
 def test_a_finished_one_shot_is_listed_ended_and_ends_again_when_resumed(
     server: ScriptedServer, make_agent, home: Path
 ) -> None:
@@ -341,6 +359,7 @@ def test_sessions_commands_refuse_input_that_means_nothing(
     assert len(done.stderr.splitlines()) == 1 and done.stdout == ""
 
 
+@pytest.mark.usefixtures("backend")
 def test_sessions_list_show_and_search_print_json(server: ScriptedServer, make_agent, home: Path) -> None:
     server.add(Reply(text="Pelicans can hold three gallons."))
     with make_agent() as agent:  # a session to show
@@ -416,6 +435,7 @@ def test_a_history_entry_that_is_not_a_message_is_refused_in_one_line(
     assert server.requests == []
 
 
+@pytest.mark.usefixtures("backend")
 def test_continue_turn_goes_on_from_the_stored_turn_without_a_new_user_message(
     server: ScriptedServer, make_agent
 ) -> None:

@@ -18,7 +18,7 @@ from types import FrameType
 
 import uvicorn
 
-from agent_state import SessionStore
+from agent_state import SessionStore, store_url
 from mibyan.config.paths import mibyan_home
 from mibyan.core.errors import MibyanError
 from mibyan.core.exit_codes import EXIT_ERROR, EXIT_OK, EXIT_USAGE
@@ -47,12 +47,17 @@ def run_web(args: argparse.Namespace) -> int:
             "serves this machine only (127.0.0.1 or ::1; from elsewhere, use an SSH tunnel)\n"
         )
         return EXIT_USAGE
-    path = mibyan_home() / "state.db"
-    if not path.is_file():
-        sys.stderr.write(f"mibyan: no sessions yet ({visible(str(path))}): start one with 'mibyan chat'\n")
-        return EXIT_ERROR
+    home = mibyan_home()
+    path = home / "state.db"
     try:
-        store = SessionStore(path, read_only=True)
+        url = store_url(home)
+        if url is None and not path.is_file():
+            sys.stderr.write(
+                f"mibyan: no sessions yet ({visible(str(path))}): start one with 'mibyan chat'\n"
+            )
+            return EXIT_ERROR
+        # the configured PostgreSQL store, or the home's SQLite file read-only (no lock an agent waits on)
+        store = SessionStore.at_url(url) if url else SessionStore(path, read_only=True)
     except MibyanError as exc:
         sys.stderr.write(f"mibyan: {visible(str(exc))}\n")
         return EXIT_ERROR

@@ -1,0 +1,76 @@
+"""Channel leases: which gateway runs a channel now, when several share one database (DESIGN §16).
+
+A lease row per channel: its owner (one gateway process), an epoch that rises at every claim, and when it
+expires unless renewed. A claim is one upsert whose condition is checked on the row it locks (free,
+expired, or already the claimer's), never on a snapshot read before: two gateways claiming at once get
+one lease between them. The backend checks owner and epoch in every write transaction of a run
+(`Database.fenced`), so a gateway that lost its channel can never write into it again.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from mibyan.store.database import Database, row_dict
+
+_CLAIM = (
+    "INSERT INTO gateway_leases (channel, owner, epoch, expires_at) VALUES (?, ?, 1, ?)"
+    " ON CONFLICT (channel) DO UPDATE SET owner = excluded.owner, epoch = gateway_leases.epoch + 1,"
+    " expires_at = excluded.expires_at WHERE gateway_leases.expires_at < ? OR gateway_leases.owner = ?"
+    " RETURNING epoch"
+)
+
+
+class Leases:
+    """The `gateway_leases` table (PostgreSQL stores only)."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    def claim(self, channel: str, owner: str, seconds: float) -> int | None:
+        """Take the channel for `seconds` unless another owner holds an unexpired lease; the new epoch,
+        or None when it is held."""
+        now = time.time()
+        with self._db.transaction() as db:
+            rows = db.execute(_CLAIM, (channel, owner, now + seconds, now, owner)).fetchall()
+        return int(rows[0]["epoch"]) if rows else None
+
+    def renew(self, channel: str, owner: str, epoch: int, seconds: float) -> bool:
+        """Extend a lease still held; False when it was taken over."""
+        with self._db.transaction() as db:
+            cursor = db.execute(
+                "UPDATE gateway_leases SET expires_at = ? WHERE channel = ? AND owner = ? AND epoch = ?",
+                (time.time() + seconds, channel, owner, epoch),
+            )
+        return cursor.rowcount == 1
+
+    def release(self, channel: str, owner: str, epoch: int) -> None:
+        """Let the channel go at once (the next claim, by anyone, takes it)."""
+        with self._db.transaction() as db:
+            db.execute(
+                "UPDATE gateway_leases SET expires_at = 0 WHERE channel = ? AND owner = ? AND epoch = ?",
+                (channel, owner, epoch),
+            )
+
+    def holder(self, channel: str) -> dict[str, Any] | None:
+        """The channel's lease row (owner, epoch, expires_at), or None when it was never claimed."""
+        rows = self._db.query("SELECT * FROM gateway_leases WHERE channel = ?", (channel,))
+        return row_dict(rows[0]) if rows else None
+
+    def running_on(self, channel: str) -> list[dict[str, Any]]:
+        """The channel's inbox rows marked running (by a holder that stopped before it finished)."""
+        rows = self._db.query(
+            "SELECT * FROM gateway_inbox WHERE channel = ? AND status = 'running' ORDER BY id", (channel,)
+        )
+        return [row_dict(r) for r in rows]
+
+    def abandoned(self) -> list[dict[str, Any]]:
+        """Inbox rows left running on a channel whose lease ran out (its gateway died or was cut off),
+        oldest first."""
+        rows = self._db.query(
+            "SELECT i.* FROM gateway_inbox i JOIN gateway_leases l ON l.channel = i.channel"
+            " WHERE i.status = 'running' AND l.expires_at < ? ORDER BY i.id",
+            (time.time(),),
+        )
+        return [row_dict(r) for r in rows]
