@@ -110,6 +110,16 @@ class Database(Protocol):
     def close(self) -> None: ...
 
 
+def search_filters(*, role: bool, since: bool, sessions: int) -> str:
+    """The clauses a search adds after its dialect's match, in the order of their parameters: the
+    message's role, the earliest time, and the sessions it is limited to (`sessions` of them)."""
+    sql = " AND m.role = ?" if role else ""
+    sql += " AND m.created_at >= ?" if since else ""
+    if sessions:
+        sql += f" AND m.session_id IN ({', '.join('?' * sessions)})"
+    return sql
+
+
 def row_dict(row: Row) -> dict[str, Any]:
     """A row as a plain dict (what the store's callers get)."""
     return dict(row)

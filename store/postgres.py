@@ -25,7 +25,7 @@ import psycopg_pool
 from psycopg.rows import dict_row
 
 from mibyan.store import postgres_schema
-from mibyan.store.database import Dialect, LeaseLost, StoreError
+from mibyan.store.database import Dialect, LeaseLost, StoreError, search_filters
 from mibyan.store.migrations import APPLIED_NAMES, APPLIED_TABLE, RECORD_APPLIED
 
 #: The advisory lock migrations run under (any fixed number; "mibyan" in ASCII).
@@ -185,12 +185,7 @@ class PostgresDialect:
             " FROM (SELECT ?::text AS open, ?::text AS close, to_tsquery('simple', ?) AS q) q"
             " JOIN messages m ON m.search @@ q.q JOIN sessions s ON s.id = m.session_id WHERE true"
         )
-        if role:
-            sql += " AND m.role = ?"
-        if since:
-            sql += " AND m.created_at >= ?"
-        if sessions:
-            sql += f" AND m.session_id IN ({', '.join('?' * sessions)})"
+        sql += search_filters(role=role, since=since, sessions=sessions)
         return sql + " ORDER BY rank, m.id LIMIT ?"
 
     def snippets(self, hits: list[dict[str, Any]], text: str, marks: tuple[str, str]) -> list[dict[str, Any]]:

@@ -22,7 +22,7 @@ from typing import Any
 
 from mibyan.config.paths import private_dir
 from mibyan.store import sqlite_schema
-from mibyan.store.database import Dialect, StoreError
+from mibyan.store.database import Dialect, StoreError, search_filters
 from mibyan.store.migrations import APPLIED_NAMES, CREATE_APPLIED_TABLE, RECORD_APPLIED
 
 DEFAULT_BUSY_TIMEOUT = 5.0
@@ -51,12 +51,7 @@ class SqliteDialect:
             " FROM messages_fts JOIN messages m ON m.id = messages_fts.rowid"
             " JOIN sessions s ON s.id = m.session_id WHERE messages_fts MATCH ?"
         )
-        if role:
-            sql += " AND m.role = ?"
-        if since:
-            sql += " AND m.created_at >= ?"
-        if sessions:
-            sql += f" AND m.session_id IN ({', '.join('?' * sessions)})"
+        sql += search_filters(role=role, since=since, sessions=sessions)
         return sql + " ORDER BY rank LIMIT ?"
 
     def snippets(self, hits: list[dict[str, Any]], text: str, marks: tuple[str, str]) -> list[dict[str, Any]]:
