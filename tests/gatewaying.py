@@ -27,12 +27,16 @@ TOKEN = "test-gateway-token"
 _URL = re.compile(r"mibyan gateway: (\S+) \((\w+)\) on (\S+)")
 
 
-def in_a_hidden_home(*paths: Path) -> bool:
-    """Whether a path is inside the user's home, which a gateway agent's sandbox hides (so a server
-    program there cannot start in it)."""
+def out_of_an_agents_sight(*paths: Path) -> bool:
+    """Whether a path is inside the user's home, which a gateway agent's sandbox hides, or the machine's
+    temporary folder, which it replaces with the agent's own (so a server program there, in a clone
+    under /tmp say, cannot start in it)."""
+    import tempfile
+
     from mibyan.tools.path_policy import user_homes
 
-    return any(home == path or home in path.parents for home in user_homes() for path in paths)
+    hidden = [*user_homes(), Path("/tmp").resolve(), Path(tempfile.gettempdir()).resolve()]
+    return any(place == path or place in path.parents for place in hidden for path in paths)
 
 
 def write_config(

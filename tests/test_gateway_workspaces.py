@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from gatewaying import TOKEN, in_a_hidden_home, write_config
+from gatewaying import TOKEN, out_of_an_agents_sight, write_config
 from loopback import Reply, ScriptedServer
 from sandboxing import needs_bwrap
 from test_gateway import MEEPA, ask
@@ -113,8 +113,8 @@ def test_an_isolated_agents_commands_reach_only_its_workspace_and_no_network_and
     ]
     py: dict[str, Any] = {"command": sys.executable, "args": [str(SERVER_SCRIPT)], "approval": "allow"}
     mcp = {"py": py}
-    if in_a_hidden_home(Path(sys.executable).resolve(), SERVER_SCRIPT.resolve()):
-        py["sandbox"] = "off"  # a server program in the hidden home cannot start in the sandbox
+    if out_of_an_agents_sight(Path(sys.executable).resolve(), SERVER_SCRIPT.resolve()):
+        py["sandbox"] = "off"  # a server program out of its sight cannot start in the sandbox
     write_config(home, {"local": server.base_url}, agents, extra={"mcp_servers": mcp})
 
     def probe(name: str) -> str:

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from conftest import ROOT, run_cli, wait_until
-from gatewaying import in_a_hidden_home
+from gatewaying import out_of_an_agents_sight
 from gatewaying import write_config as write_gateway_config
 from loopback import Reply, ScriptedServer
 
@@ -140,7 +140,7 @@ def test_a_gateway_agents_runs_share_one_server_stopped_with_the_gateway(
     mcp: dict[str, Any] = {
         "py": {"command": sys.executable, "args": [str(SERVER_SCRIPT)], "env": {"MIBYAN_TEST_TAG": tag}}
     }
-    if in_a_hidden_home(Path(sys.executable).resolve(), SERVER_SCRIPT.resolve()):
+    if out_of_an_agents_sight(Path(sys.executable).resolve(), SERVER_SCRIPT.resolve()):
         mcp["py"]["sandbox"] = "off"  # what this test is about is the sharing, not the confinement
     agent = {"id": "meepa", "default": True, "provider": "local", "mcp_servers": ["py"]}
     agent["tools"] = {"allow": ["read_file", "mcp__py__instance"]}  # all it is offered, MCP tools included
@@ -219,14 +219,13 @@ def test_a_file_server_writes_where_the_agent_may_and_not_into_mibyans_home(
 
 
 @needs_servers_and_a_sandbox
-@pytest.mark.skipif(
-    in_a_hidden_home(ROOT.resolve()), reason="the clone is in the user's home, which a gateway hides"
-)
 def test_a_gateway_agents_file_server_writes_its_workspace_only_and_sees_none_of_the_home(
     server: ScriptedServer, home: Path, start_gateway: Any
 ) -> None:
     workspace = home / "agents" / "meepa" / "workspace"
     files = {"command": str(FILESYSTEM), "args": [str(workspace), str(home)], "approval": "allow"}
+    # a clone in the home or under /tmp is out of the agent's sight: the server's own folder is bound in
+    files["writable"] = [str(BIN.parent)]
     agent = {"id": "meepa", "default": True, "provider": "local", "mcp_servers": ["files"]}
     write_gateway_config(home, {"local": server.base_url}, [agent], extra={"mcp_servers": {"files": files}})
     server.add(
