@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 from mibyan.config.gateway import Connector as ConnectorSettings
@@ -150,9 +150,16 @@ class ChatCore:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def follow_resumed(self, run: asyncio.Future[Outcome], where: Destination, key: str) -> None:
-        """A message resumed from the ledger at start: its reply goes out like any other's."""
-        self._spawn(self._follow(run, where, where.reply_to, key, sender=None))
+    def follow_resumed(self, destination: Callable[[str, str], Destination]) -> None:
+        """The messages of this connector the last run admitted but did not answer, running again at
+        start: their replies go out like any other's, where `destination(channel, message_key)` says."""
+        prefix = f"{self.agent_id}/{self.name}/"
+        for entry in self.gateway.ledger.unfinished():
+            run = self.gateway.waiting_on(entry.id)
+            if run is None or not entry.channel.startswith(prefix) or entry.message_key is None:
+                continue
+            where = destination(entry.channel.removeprefix(prefix), entry.message_key)
+            self._spawn(self._follow(run, where, where.reply_to, entry.channel, sender=None))
 
     async def _follow(
         self,

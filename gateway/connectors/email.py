@@ -98,7 +98,7 @@ class EmailConnector:
                 self.url,
                 self.settings.poll_seconds,
             )
-        self._follow_resumed()
+        self.core.follow_resumed(lambda thread, message_key: Destination(thread, None, message_key))
         await self._catch_up()
         self._task = asyncio.create_task(self._run())
 
@@ -124,16 +124,6 @@ class EmailConnector:
             )
             self.cursor = Cursor(self.box.uidvalidity, 0, kept.since, self.box.uidnext)
         self.cursor_file.save(self.cursor)
-
-    def _follow_resumed(self) -> None:
-        """Mails the last run admitted but did not answer are running again: their replies go here."""
-        prefix = f"{self.core.agent_id}/{self.name}/"
-        for entry in self.gateway.ledger.unfinished():
-            run = self.gateway.waiting_on(entry.id)
-            if run is None or not entry.channel.startswith(prefix) or entry.message_key is None:
-                continue
-            where = Destination(entry.channel.removeprefix(prefix), None, entry.message_key)
-            self.core.follow_resumed(run, where, entry.channel)
 
     async def stop(self) -> None:
         self._stopping = True

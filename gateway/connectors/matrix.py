@@ -96,7 +96,7 @@ class MatrixConnector:
             ) from exc
         self.user_id = self.login.user_id
         self._since, self._first_start = self.files.cursor()
-        self._follow_resumed()
+        self.core.follow_resumed(self._destination)
         if self._since is None:  # first start: from here on, nothing older is ever answered
             answer = await self._sync(timeout_ms=0)
             await self._invites(answer)
@@ -105,16 +105,11 @@ class MatrixConnector:
             await self._sync_once(timeout_ms=0)
         self._task = asyncio.create_task(self._run())
 
-    def _follow_resumed(self) -> None:
-        """Messages the last run admitted but did not answer are running again: their replies go here."""
-        prefix = f"{self.core.agent_id}/{self.name}/"
-        for entry in self.gateway.ledger.unfinished():
-            run = self.gateway.waiting_on(entry.id)
-            if run is None or not entry.channel.startswith(prefix) or entry.message_key is None:
-                continue
-            room, _, thread = entry.channel.removeprefix(prefix).partition("/")
-            where = Destination(room, thread or None, entry.message_key)
-            self.core.follow_resumed(run, where, entry.channel)
+    @staticmethod
+    def _destination(channel: str, message_key: str) -> Destination:
+        """Where a message of a channel (`room` or `room/thread`) is answered."""
+        room, _, thread = channel.partition("/")
+        return Destination(room, thread or None, message_key)
 
     async def stop(self) -> None:
         if self._task is not None:

@@ -113,7 +113,7 @@ class XmppConnector:
 
     async def start(self) -> None:
         """Connect, join the rooms, catch up from the archives; returns once all that is done."""
-        self._follow_resumed()
+        self.core.follow_resumed(lambda chat, message_key: Destination(chat, None, message_key))
         self._first = asyncio.get_running_loop().create_future()
         self.client = self._make_client()
         self.client.connect(*self.address)
@@ -334,16 +334,6 @@ class XmppConnector:
         if lowered.startswith(nick) and lowered[len(nick) : len(nick) + 1] in (":", ","):
             return text[len(nick) + 1 :].strip()
         return None
-
-    def _follow_resumed(self) -> None:
-        """Messages the last run admitted but did not answer are running again: their replies go here."""
-        prefix = f"{self.core.agent_id}/{self.name}/"
-        for entry in self.gateway.ledger.unfinished():
-            run = self.gateway.waiting_on(entry.id)
-            if run is None or not entry.channel.startswith(prefix) or entry.message_key is None:
-                continue
-            conversation = entry.channel.removeprefix(prefix)
-            self.core.follow_resumed(run, Destination(conversation, None, entry.message_key), entry.channel)
 
     # -- replies out --------------------------------------------------------------------------------------
 
