@@ -92,16 +92,7 @@ def init_agent(agent: AIAgent, options: AgentOptions) -> None:
     agent.session_lock = None
     memory = options.memory
     agent.memory = memory if memory is not None else MemoryStore(home_path, folder=agent.workspace)
-    runtime = resolve_runtime(
-        settings,
-        provider=settings.model.provider,
-        model=settings.model.name,
-        base_url=options.base_url,
-        api_key=options.api_key,
-        api_mode=options.api_mode,
-        env=os.environ,
-        home=home_path,
-    )
+    runtime = _runtime(settings, options, home_path)
     agent.provider = ProviderState(
         runtime=runtime,
         primary=runtime,
@@ -286,7 +277,16 @@ def prepare_runs(options: AgentOptions) -> None:
     home = Path(options.home) if options.home is not None else mibyan_home()
     project = Path(options.workdir).resolve() if options.workdir is not None else None
     settings = load_settings(home=home, cwd=project, overrides=settings_overrides(options))
-    runtime = resolve_runtime(
+    runtime = _runtime(settings, options, home)
+    adapter_for(runtime.api_mode, settings).stream_class()
+    window = context_window(settings, runtime, home)
+    load_engine(settings, window, TokenEstimator(), _never_asked)  # its module, a custom one's too
+    build_client(runtime, settings).close()
+
+
+def _runtime(settings: AgentSettings, options: AgentOptions, home: Path) -> ProviderRuntime:
+    """The provider the agent talks to: the configured model, with the options' URL, key and API mode."""
+    return resolve_runtime(
         settings,
         provider=settings.model.provider,
         model=settings.model.name,
@@ -296,10 +296,6 @@ def prepare_runs(options: AgentOptions) -> None:
         env=os.environ,
         home=home,
     )
-    adapter_for(runtime.api_mode, settings).stream_class()
-    window = context_window(settings, runtime, home)
-    load_engine(settings, window, TokenEstimator(), _never_asked)  # its module, a custom one's too
-    build_client(runtime, settings).close()
 
 
 def _never_asked(system_prompt: str, prompt: str) -> str:
