@@ -345,11 +345,15 @@ class AgentInstance:
                     home=self.home,
                     start_timeout=timeout,
                     cwd=self.workdir,
-                    # its workspace only, whatever the server's cwd
-                    confine=lambda _cwd, writable: self.sandbox().rooted_at(self.workdir, writable=writable),
+                    confine=self._server_sandbox,
                 )
                 self._mcp.append(connections)
             return self._mcp[0]
+
+    def _server_sandbox(self, _cwd: Path, writable: list[str]) -> Sandbox:
+        """An MCP server's sandbox: its runs' own, the workspace its only writable folder whatever the
+        server's cwd, with the server's `writable:` places."""
+        return self.runs_sandbox().rooted_at(self.workdir, writable=writable)
 
     def close(self) -> None:
         """Stop the agent's MCP servers (after its last run)."""
