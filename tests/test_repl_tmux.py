@@ -43,13 +43,17 @@ class Terminal:
         return self._tmux("capture-pane", "-t", "chat", "-p", "-J", "-S", "-200")
 
     def wait_for(self, text: str, timeout: float = 15.0, *, count: int = 1) -> str:
+        return self.wait_until(lambda screen: screen.count(text) >= count, repr(text), timeout)
+
+    def wait_until(self, shows: Callable[[str], bool], what: str, timeout: float = 15.0) -> str:
+        """The first screen that `shows` accepts (fails with the last screen if none does in time)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             screen = self.screen()
-            if screen.count(text) >= count:
+            if shows(screen):
                 return screen
             time.sleep(0.05)
-        raise AssertionError(f"{text!r} did not appear; the screen:\n{self.screen()}")
+        raise AssertionError(f"{what} did not appear; the screen:\n{self.screen()}")
 
     def close(self) -> None:
         self._tmux("kill-server")
@@ -395,8 +399,12 @@ def test_a_notice_written_while_the_chat_loads_goes_above_the_prompt(
     chat = start_chat()
     chat.wait_for("›")
     chat.send("hel")  # typed while it loads
-    screen = chat.wait_for("/help for commands")
-    chat.wait_for("› hel")
+    # the banner is printed above the prompt, which is drawn again below it a moment later (the prompt
+    # erased for it may stay in tmux's scrollback, as a terminal's clear does)
+    screen = chat.wait_until(
+        lambda s: "/help for commands" in s and s.rfind("› hel") > s.find("mibyan ·") >= 0,
+        "the prompt below the banner",
+    )
     [notice] = [line for line in screen.splitlines() if "mibyan: ignored in" in line]
     assert notice.startswith("mibyan: ignored in ")  # on a line of its own, not over the prompt
     assert screen.index(notice) < screen.index("mibyan ·") < screen.rindex("› hel")
