@@ -3,8 +3,9 @@
 A platform module (matrix.py; email and xmpp next) turns its events into `InboundEvent`s and calls
 `ChatCore.admit`, which returns once the message is in the ledger (or was a command, handled ahead of
 the channel's queue): only then may the platform advance its cursor. The run's outcome is followed in
-a task: typing while it works, then the reply split under the platform's limit and each part sent with
-an idempotency key derived from the inbound message id and the part number, retried after a rate limit
+a task: typing while it works, then (once the channel's previous reply has gone, so replies keep the
+order of their messages) the reply split under the platform's limit and each part sent with an
+idempotency key derived from the inbound message id and the part number, retried after a rate limit
 or an unknown result under the same key, and marked sent in the ledger once every part is delivered.
 """
 
@@ -61,6 +62,7 @@ class ChatCore:
         self._askers: dict[str, str] = {}  # channel key → the sender the pending question was asked
         self._tasks: set[asyncio.Task[object]] = set()
         self._sending: dict[str, asyncio.Lock] = {}
+        self._last_reply: dict[str, asyncio.Future[None]] = {}  # channel key → its latest reply sent
 
     def allowed(self, sender: str) -> bool:
         return "*" in self.allow or sender in self.allow
@@ -93,7 +95,7 @@ class ChatCore:
         message = Inbound(self.agent_id, self.name, event.channel, text, message_key=event.message_id)
         note, on_tool = self._progress(where, event.message_id)
         run = await self.gateway.admit(message, on_tool=on_tool)
-        self._spawn(self._follow(run, where, event.message_id, key, event.sender, note))
+        self._spawn(self._follow(run, where, event.message_id, key, event.sender, note, self._in_turn(key)))
 
     def _progress(
         self, where: Destination, message_id: str
@@ -159,7 +161,20 @@ class ChatCore:
             if run is None or not entry.channel.startswith(prefix) or entry.message_key is None:
                 continue
             where = destination(entry.channel.removeprefix(prefix), entry.message_key)
-            self._spawn(self._follow(run, where, where.reply_to, entry.channel, sender=None))
+            turn = self._in_turn(entry.channel)
+            self._spawn(self._follow(run, where, where.reply_to, entry.channel, None, None, turn))
+
+    def _in_turn(self, key: str) -> tuple[asyncio.Future[None] | None, asyncio.Future[None]]:
+        """The reply before this one in the channel (None if all went) and this reply's own place.
+
+        Taken when the message is admitted, in the order messages come: two runs of a channel that end
+        moments apart (the second while the first is still clearing its typing notice) answer in that
+        order. Keyed by channel, not conversation: a slow thread never holds up another thread's reply.
+        """
+        previous = self._last_reply.get(key)
+        mine: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._last_reply[key] = mine
+        return (previous if previous is not None and not previous.done() else None), mine
 
     async def _follow(
         self,
@@ -168,7 +183,26 @@ class ChatCore:
         message_id: str,
         key: str,
         sender: str | None,
-        note: ProgressNote | None = None,
+        note: ProgressNote | None,
+        turn: tuple[asyncio.Future[None] | None, asyncio.Future[None]],
+    ) -> None:
+        previous, mine = turn
+        try:
+            await self._answer(run, where, message_id, key, sender, note, previous)
+        finally:
+            mine.set_result(None)
+            if self._last_reply.get(key) is mine:
+                del self._last_reply[key]
+
+    async def _answer(
+        self,
+        run: asyncio.Future[Outcome],
+        where: Destination,
+        message_id: str,
+        key: str,
+        sender: str | None,
+        note: ProgressNote | None,
+        previous: asyncio.Future[None] | None,
     ) -> None:
         typing = asyncio.create_task(self._keep_typing(where.conversation))
         try:
@@ -182,6 +216,8 @@ class ChatCore:
             await self.platform.typing(where.conversation, False)
             if note is not None:
                 await note.finish()  # the summary of what ran goes above the answer
+        if previous is not None:
+            await asyncio.shield(previous)  # the channel's earlier message is answered first
         if outcome.interrupted:
             if outcome.inbox_id and self.gateway._accepting:  # a /stop, not the gateway stopping
                 await self.gateway._ledger(
