@@ -29,6 +29,7 @@ from mibyan.config.mcp import McpServerSettings
 from mibyan.config.paths import private_dir
 from mibyan.core.errors import ToolError
 from mibyan.tools.mcp_cache import Listing, McpTool, ToolCache
+from mibyan.tools.mcp_program import INHERITED, program_path
 
 if TYPE_CHECKING:
     from mibyan.core.interruptible import InterruptSignal
@@ -201,6 +202,12 @@ class McpConnections:
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
         self._loop_ready.set()
+        for state in self.servers.values():
+            missing = self._missing_program(state)
+            if missing is not None:
+                self._failed_to_start(state, missing)
+        if all(state.status != "starting" for state in self.servers.values()):
+            return  # nothing left to start: the SDK is not needed
         try:
             import mcp  # noqa: F401  (the SDK: imported here, off the agent's thread)
         except ImportError:
@@ -314,15 +321,36 @@ class McpConnections:
         repository's editor settings could send `${OPENAI_API_KEY}` to a URL of its choosing."""
         return text if settings.literal else expand(text, self._env, where)
 
+    def _missing_program(self, state: ServerState) -> str | None:
+        """Why a command server cannot start (its program missing or not executable), known before
+        the SDK is imported; None for one whose program is there, or whose settings fail later."""
+        settings = state.settings
+        if settings.command is None:
+            return None
+        try:
+            env, cwd = self._launch_env(state)
+            program_path(os.path.expanduser(settings.command), str(cwd), env.get("PATH"))
+        except OSError as exc:
+            return _describe(exc)
+        except ToolError:
+            return None  # a variable it names is unset: said as its start fails, as before
+        return None
+
+    def _launch_env(self, state: ServerState) -> tuple[dict[str, str], Path]:
+        """The environment and working directory a command server starts with."""
+        settings = state.settings
+        where = f"mcp_servers.{state.name}"
+        env = {k: self._env[k] for k in INHERITED if k in self._env}
+        env.update({k: self._expand(settings, v, f"{where}.env.{k}") for k, v in settings.env.items()})
+        return env, Path(self._cwd or Path.cwd()) / os.path.expanduser(settings.cwd or ".")
+
     def _stdio_command(self, state: ServerState) -> Any:
-        from mibyan.tools.mcp_transport import INHERITED, StdioCommand
+        from mibyan.tools.mcp_transport import StdioCommand
 
         settings = state.settings
         assert settings.command is not None
         where = f"mcp_servers.{state.name}"
-        env = {k: self._env[k] for k in INHERITED if k in self._env}
-        env.update({k: self._expand(settings, v, f"{where}.env.{k}") for k, v in settings.env.items()})
-        cwd = Path(self._cwd or Path.cwd()) / os.path.expanduser(settings.cwd or ".")
+        env, cwd = self._launch_env(state)
         sandbox = None
         if self._confine is not None and settings.sandbox != "off":
             sandbox = self._confine(cwd, settings.writable)

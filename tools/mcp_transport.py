@@ -14,10 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import logging
 import os
-import shutil
 import signal
 import sys
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -30,6 +28,7 @@ from mcp_types import jsonrpc_message_adapter
 from pydantic import ValidationError
 
 from mibyan.core.sanitize import visible  # the one output sanitiser: the log is read on a terminal
+from mibyan.tools.mcp_program import program_path
 
 if TYPE_CHECKING:
     from mibyan.tools.sandbox import Sandbox
@@ -43,8 +42,6 @@ STDERR_LOGGED = 8 * 1024 * 1024
 _STDERR_CHUNK = 64 * 1024
 #: After its stdin closes, how long a server gets to exit before it is sent SIGTERM, then SIGKILL.
 EXIT_GRACE = 1.0
-#: Variables a stdio server gets from mibyan's environment; its `env:` adds to them. Keys stay with mibyan.
-INHERITED = ("HOME", "LOGNAME", "PATH", "SHELL", "TERM", "USER", "LANG", "LC_ALL", "TMPDIR")
 
 _PR_SET_PDEATHSIG = 1
 
@@ -184,27 +181,14 @@ def _before_exec(*steps: Callable[[], None] | None) -> Callable[[], None] | None
     return run
 
 
-def _program(spec: StdioCommand) -> str:
-    """The server's program as exec would find it, so that one that cannot start fails as it would
-    unconfined (FileNotFoundError, PermissionError), not as a sandbox that started and then could not.
-
-    Raises:
-        OSError: not found, or not executable.
-    """
-    where = os.path.join(spec.cwd or ".", spec.command) if os.sep in spec.command else None
-    found = where if where is not None else shutil.which(spec.command, path=spec.env.get("PATH", os.defpath))
-    if found is None or not os.path.exists(found):
-        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), spec.command)
-    if os.path.isdir(found) or not os.access(found, os.X_OK):
-        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), spec.command)
-    return os.path.abspath(found)
-
-
 async def _spawn(spec: StdioCommand) -> asyncio.subprocess.Process:
     argv = [spec.command, *spec.args]
     launch = None
     if spec.sandbox is not None:
-        launch = spec.sandbox.launch([_program(spec), *spec.args], cwd=spec.cwd)
+        # found first, so one that cannot start fails as it would unconfined (not found, not executable),
+        # not as a sandbox that started and then could not run it
+        program = program_path(spec.command, spec.cwd, spec.env.get("PATH"))
+        launch = spec.sandbox.launch([program, *spec.args], cwd=spec.cwd)
     try:
         return await asyncio.create_subprocess_exec(
             *(launch.argv if launch is not None else argv),
