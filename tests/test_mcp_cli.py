@@ -210,7 +210,7 @@ def test_a_file_server_writes_where_the_agent_may_and_not_into_mibyans_home(
     done = run_cli("chat", "-q", "write", "--base-url", server.base_url, home=home, cwd=project)
     assert done.returncode == 0, done.stderr
     wrote, refused = [m["content"] for m in server.requests[1].body["messages"] if m["role"] == "tool"]
-    assert "Successfully wrote" in wrote and (project / "notes.md").read_text() == "kept"
+    assert "Successfully wrote" in wrote and (project / "notes.md").read_text() == "kept", done.stderr
     assert "Successfully" not in refused and "yolo" not in (home / "config.yaml").read_text()
     # the server that opted out is said to run unconfined, once, at the start
     assert done.stderr.count("MCP servers 'loose' run outside the sandbox (sandbox: off)") == 1
