@@ -44,7 +44,7 @@ from mibyan.tools.command_rules import KNOWN_NAMES, judge_invocation
 from mibyan.tools.command_walk import UNREADABLE, Walk
 from mibyan.tools.command_words import Feed, Stream, Word, combine, command_name
 from mibyan.tools.judge_policy import JudgePolicy
-from mibyan.tools.protected import protected_reason
+from mibyan.tools.protected import OwnFiles
 from mibyan.tools.verdict import SAFE, Tier, Verdict
 
 if TYPE_CHECKING:
@@ -119,11 +119,16 @@ class CommandJudge:
     def __init__(self, *, policy: JudgePolicy, cwd: Path, user_home: Path) -> None:
         self.home = policy.home
         self.user_home = user_home
-        self._hook_files = policy.protected  # the running agent's hook modules, as off limits as its home
-        # a gateway agent: its own folder is all of the home its commands may name, its workspace
-        # (where they run) and its own temp folder all of it they may write
+        # the home, the running agent's hook modules (as off limits as its home), and for a gateway agent
+        # its own folder (all of the home its commands may name), its workspace (where they run) and its
+        # own temp folder (all of it they may write), each resolved once for this judgement
+        self._own = OwnFiles(
+            home=policy.home,
+            extra=policy.protected,
+            writable=policy.writable,
+            agent_folder=policy.agent_folder,
+        )
         self._agent_folder = policy.agent_folder
-        self._writable = policy.writable
         self.gateway = policy.gateway
         # where the sandbox hides the home from its commands, a folder above the home holds nothing of it
         self._home_hidden = policy.home_hidden
@@ -207,9 +212,7 @@ class CommandJudge:
 
     def protected(self, path: Path) -> str | None:
         if path not in self._protected:  # resolving follows links on disk: once per path is enough
-            self._protected[path] = protected_reason(
-                path, home=self.home, cwd=path.parent, extra=self._hook_files, writable=self._writable
-            )
+            self._protected[path] = self._own.protected(path, cwd=path.parent)
         return self._protected[path]
 
     def resolve(self, text: str) -> list[Path]:
@@ -342,13 +345,12 @@ class CommandJudge:
         """For a gateway agent, why a word naming a part of the home not its own is refused (a glob,
         when it may match one: `/tmp/*/.mibyan/state.db`)."""
         from mibyan.tools.path_policy import may_reach
-        from mibyan.tools.protected import sealed_reason
 
         if self._agent_folder is None or not text:
             return None
         homes = {self.home, Path(os.path.realpath(self.home))}
         for path in self.resolve(text):
-            sealed = sealed_reason(path, home=self.home, agent_folder=self._agent_folder)
+            sealed = self._own.sealed(path, cwd=Path.cwd())
             if sealed is not None:
                 return sealed
             own = str(path).startswith(str(self._agent_folder) + "/")
