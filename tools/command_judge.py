@@ -79,6 +79,9 @@ _PROCESS_LINK = re.compile(
 )
 
 
+_LEADING_SLASHES = re.compile(r"^//+")
+
+
 def _shown(text: str) -> str:
     return text if len(text) <= 60 else text[:60] + "…"
 
@@ -143,6 +146,7 @@ class CommandJudge:
         self._scripts: dict[Path, Contents] = {}  # the script files it runs, as read
         self._script_bytes = 0
         self._judging: set[tuple[str, Path]] = set()
+        self._resolved: dict[tuple[str, int], tuple[Path, ...]] = {}
 
     # -- the Judge protocol ---------------------------------------------------------------------------
 
@@ -216,11 +220,13 @@ class CommandJudge:
         return self._protected[path]
 
     def resolve(self, text: str) -> list[Path]:
-        text = text.partition("\0")[0]  # an argument ends at a NUL byte (`$'/\0x'` is "/")
-        path = Path(re.sub(r"^//+", "/", text))  # normpath keeps a leading "//", which is "/" on Linux
-        if path.is_absolute():
-            return [Path(os.path.normpath(path))]
-        return [Path(os.path.normpath(cwd / path)) for cwd in self.cwds]
+        # the same words are resolved again and again (a write target: judged, then remembered); the
+        # folders cd'd to only grow, so their number tells whether an earlier answer still holds
+        key = (text, len(self.cwds))
+        found = self._resolved.get(key)
+        if found is None:
+            found = self._resolved[key] = _resolve(text, self.cwds)
+        return list(found)
 
     # -- reading the command ----------------------------------------------------------------------------
 
@@ -371,6 +377,15 @@ class CommandJudge:
         return Verdict(
             "dangerous", f"runs a command whose name is only known when it runs ({shown})", "dynamic_command"
         )
+
+
+def _resolve(text: str, cwds: list[Path]) -> tuple[Path, ...]:
+    """The absolute paths a static path may mean, relative ones against each of `cwds`."""
+    text = text.partition("\0")[0]  # an argument ends at a NUL byte (`$'/\0x'` is "/")
+    text = _LEADING_SLASHES.sub("/", text)  # normpath keeps a leading "//", which is "/" on Linux
+    if text.startswith("/"):
+        return (Path(os.path.normpath(text)),)
+    return tuple(Path(os.path.normpath(os.path.join(cwd, text))) for cwd in cwds)
 
 
 def _pattern_guesses(word: Word) -> list[str]:

@@ -24,6 +24,8 @@ import subprocess
 from collections.abc import Mapping
 from pathlib import Path
 
+from mibyan.tools.protected import real_path
+
 #: The keys, of the repository's config, whose commands the judge asks about: the environment cannot
 #: switch them off (an empty `diff.external` makes git fail rather than diff).
 _RUNS_COMMANDS = re.compile(
@@ -58,10 +60,10 @@ def _linked(place: str, marker: str) -> tuple[Path, Path] | None:
     text = _read(marker).strip()
     if not text.startswith("gitdir:"):
         return None
-    gitdir = _real(os.path.join(place, text.removeprefix("gitdir:").strip()))
+    gitdir = real_path(os.path.join(place, text.removeprefix("gitdir:").strip()))
     common = os.path.join(gitdir, "commondir")  # a linked worktree: the config lives in the main repository
     if _kind(common) == stat.S_IFREG:
-        gitdir = _real(os.path.join(gitdir, _read(common).strip()))
+        gitdir = real_path(os.path.join(gitdir, _read(common).strip()))
     return Path(place), Path(gitdir, "config")
 
 
@@ -84,17 +86,6 @@ def _kind(path: str) -> int:
 def _read(path: str) -> str:
     with open(path, encoding="utf-8", errors="replace") as file:
         return file.read()
-
-
-def _real(path: str) -> str:
-    """`path` with its links resolved, as `Path.resolve` does: a loop of links is an error."""
-    real = os.path.realpath(path)
-    try:
-        os.stat(real)
-    except OSError as error:
-        if error.errno == errno.ELOOP:
-            raise RuntimeError(f"Symlink loop from {real!r}") from error
-    return real
 
 
 def repository_commands(config: Path) -> dict[str, str]:

@@ -13,6 +13,7 @@ under the default home, `~/.mibyan`, a gateway agent's workspace is as much its 
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Iterable
 from pathlib import Path
@@ -23,11 +24,21 @@ def _resolved(path: str | os.PathLike[str], cwd: Path) -> Path:
 
 
 def _resolved_expanded(text: str, cwd: Path) -> Path:
-    expanded = Path(text)
-    if not expanded.is_absolute():
-        expanded = cwd / expanded
-    # resolve() follows symlinks as far as they exist: a link planted towards the home is seen for what it is
-    return expanded.resolve(strict=False)
+    # links are followed as far as they exist: a link planted towards the home is seen for what it is
+    return Path(real_path(text if text.startswith("/") else os.path.join(cwd, text)))
+
+
+def real_path(path: str) -> str:
+    """`path` with its links followed as far as they exist, as `Path.resolve()` does it (a loop of links
+    raises RuntimeError), in text: the command judge resolves each path a command writes, and the
+    objects cost more than following the links."""
+    real = os.path.realpath(path)
+    try:
+        os.stat(real)
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            raise RuntimeError(f"Symlink loop from {real!r}") from error
+    return real
 
 
 def _inside(path: Path, folder: Path) -> bool:
