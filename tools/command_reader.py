@@ -26,6 +26,7 @@ _MAX_GUESSES = 16
 _MAX_BRACE_WORDS = 64
 _NOT_WORDS = {"variable_assignment", "file_redirect", "herestring_redirect", "heredoc_redirect", "comment"}
 _GLOB = re.compile(r"[*?\[]")
+_NOT_PLAIN = re.compile(r"[\\~{]")
 _ASSIGNED_TILDE = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*=)~")
 _SIMPLE_ESCAPES = {
     "a": "\a",
@@ -220,6 +221,10 @@ class WordReader:
 
     def words(self, node: Node) -> list[Word]:
         """The fields one word node becomes: one, or several after `$IFS` splitting or brace expansion."""
+        if node.type == "word":
+            raw = (node.text or b"").decode(errors="replace")
+            if raw and not _NOT_PLAIN.search(raw):  # most words: no escape, `~` or braces to resolve
+                return [Word(raw, pattern=_GLOB.search(raw) is not None)]
         pieces = self._pieces(node, quoted=False)
         groups: list[list[_Piece]] = [[]]
         for piece in pieces:
