@@ -83,13 +83,13 @@ def _repository_commands(j: Judge, folder: Path, sub: str) -> Verdict:
     from mibyan.config.trust import folder_trusted
     from mibyan.tools.git_guard import repository_commands, repository_of
 
-    found = repository_of(Path(os.path.normpath(folder)))
+    found = repository_of(os.path.normpath(folder))
     if found is None:
         return SAFE
     commands = repository_commands(found[1])
     alias = next((v for k, v in commands.items() if k.lower() == f"alias.{sub.lower()}"), None)
     others = {k: v for k, v in commands.items() if not k.lower().startswith("alias.")}
-    if (alias is None and not others) or (not j.gateway and folder_trusted(j.home, found[0])):
+    if (alias is None and not others) or (not j.gateway and folder_trusted(j.home, Path(found[0]))):
         return SAFE
     key, value = (f"alias.{sub}", alias) if alias is not None else next(iter(others.items()))
     shown = value if len(value) <= 60 else value[:60] + "…"

@@ -216,7 +216,7 @@ class CommandJudge:
 
     def protected(self, path: Path) -> str | None:
         if path not in self._protected:  # resolving follows links on disk: once per path is enough
-            self._protected[path] = self._own.protected(path, cwd=path.parent)
+            self._protected[path] = self._own.protected(path, cwd=os.path.dirname(path))
         return self._protected[path]
 
     def resolve(self, text: str) -> list[Path]:

@@ -36,17 +36,17 @@ _RUNS_COMMANDS = re.compile(
 _USERS_OWN = r"^core\.(hookspath|fsmonitor|sshcommand|askpass)$"
 
 
-def repository_of(folder: Path) -> tuple[Path, Path] | None:
+def repository_of(folder: str | os.PathLike[str]) -> tuple[str, str] | None:
     """The work tree holding `folder` and the file of its repository's config, or None outside one.
 
     The command judge asks this for every git command, so it walks the folders as text, with one
-    `stat` each (`Path.is_dir` and `is_file` made it a third of judging `git status`)."""
+    `stat` each (`Path.is_dir`, `is_file` and the objects made it a third of judging `git status`)."""
     place = os.fspath(folder)
     while True:
         marker = os.path.join(place, ".git")
         kind = _kind(marker)
         if kind == stat.S_IFDIR:
-            return Path(place), Path(marker, "config")
+            return place, os.path.join(marker, "config")
         if kind == stat.S_IFREG:
             return _linked(place, marker)
         parent = os.path.dirname(place)
@@ -55,7 +55,7 @@ def repository_of(folder: Path) -> tuple[Path, Path] | None:
         place = parent
 
 
-def _linked(place: str, marker: str) -> tuple[Path, Path] | None:
+def _linked(place: str, marker: str) -> tuple[str, str] | None:
     """The repository a `.git` file names (`gitdir: ...`: a linked worktree or a submodule)."""
     text = _read(marker).strip()
     if not text.startswith("gitdir:"):
@@ -64,7 +64,7 @@ def _linked(place: str, marker: str) -> tuple[Path, Path] | None:
     common = os.path.join(gitdir, "commondir")  # a linked worktree: the config lives in the main repository
     if _kind(common) == stat.S_IFREG:
         gitdir = real_path(os.path.join(gitdir, _read(common).strip()))
-    return Path(place), Path(gitdir, "config")
+    return place, os.path.join(gitdir, "config")
 
 
 #: What `Path.is_dir` and `is_file` take for "nothing there" rather than an error.
@@ -88,14 +88,14 @@ def _read(path: str) -> str:
         return file.read()
 
 
-def repository_commands(config: Path) -> dict[str, str]:
+def repository_commands(config: str | os.PathLike[str]) -> dict[str, str]:
     """The keys of a repository's config file (its includes too) that make git run a command, with
     their values: `!` aliases, external diffs, filters, drivers and credential helpers."""
     try:
-        seen = config.stat()
+        seen = os.stat(config)
     except OSError:
         return {}
-    return dict(_read_commands(str(config), seen.st_mtime_ns, seen.st_size))
+    return dict(_read_commands(os.fspath(config), seen.st_mtime_ns, seen.st_size))
 
 
 @functools.lru_cache(maxsize=32)

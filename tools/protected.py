@@ -19,15 +19,6 @@ from collections.abc import Iterable
 from pathlib import Path
 
 
-def _resolved(path: str | os.PathLike[str], cwd: Path) -> Path:
-    return _resolved_expanded(os.path.expandvars(os.path.expanduser(os.fspath(path))), cwd)
-
-
-def _resolved_expanded(text: str, cwd: Path) -> Path:
-    # links are followed as far as they exist: a link planted towards the home is seen for what it is
-    return Path(real_path(text if text.startswith("/") else os.path.join(cwd, text)))
-
-
 def real_path(path: str) -> str:
     """`path` with its links followed as far as they exist, as `Path.resolve()` does it (a loop of links
     raises RuntimeError), in text: the command judge resolves each path a command writes, and the
@@ -41,11 +32,9 @@ def real_path(path: str) -> str:
     return real
 
 
-def _inside(path: Path, folder: Path) -> bool:
-    """`path` is `folder` or lies under it (both resolved); compared as text, which `Path.parents` is
-    many times slower at."""
-    inner, outer = str(path), str(folder)
-    return inner == outer or inner.startswith(outer.rstrip("/") + "/")
+def _inside(path: str, folder: str) -> bool:
+    """`path` is `folder` or lies under it (both resolved)."""
+    return path == folder or path.startswith(folder.rstrip("/") + "/")
 
 
 class OwnFiles:
@@ -74,44 +63,50 @@ class OwnFiles:
         self._extra = tuple(extra)
         self._writable = tuple(writable)
         self._agent_folder = agent_folder
-        self._seen: dict[tuple[str, Path | None], Path] = {}
+        self._seen: dict[tuple[str, str | None], str] = {}
 
-    def resolved(self, path: str | os.PathLike[str], cwd: Path) -> Path:
-        """`path` (relative to `cwd`, `~` and `$VARS` expanded) with its symlinks resolved."""
+    def _resolved(self, path: str | os.PathLike[str], cwd: str | os.PathLike[str]) -> str:
+        """`path` (relative to `cwd`, `~` and `$VARS` expanded) with its links followed as far as they
+        exist: a link planted towards the home is seen for what it is."""
         text = os.path.expandvars(os.path.expanduser(os.fspath(path)))
-        key = (text, None if text.startswith("/") else cwd)  # an absolute path means the same from anywhere
+        key: tuple[str, str | None]
+        if text.startswith("/"):  # an absolute path means the same from anywhere
+            key = (text, None)
+        else:
+            key = (text, os.fspath(cwd))
+            text = os.path.join(cwd, text)
         found = self._seen.get(key)
         if found is None:
-            found = self._seen[key] = _resolved_expanded(text, cwd)
+            found = self._seen[key] = real_path(text)
         return found
 
-    def protected(self, path: str | os.PathLike[str], *, cwd: Path) -> str | None:
+    def protected(self, path: str | os.PathLike[str], *, cwd: str | os.PathLike[str]) -> str | None:
         """Why a write to `path` is refused, or None when it is not one of mibyan's own files."""
-        target = self.resolved(path, cwd)
-        home_dir = self.resolved(self._home, cwd)
-        parts = target.parts
+        target = self._resolved(path, cwd)
+        home_dir = self._resolved(self._home, cwd)
+        inner = target
         if _inside(target, home_dir):
-            if not any(_inside(target, self.resolved(folder, cwd)) for folder in self._writable):
+            if not any(_inside(target, self._resolved(folder, cwd)) for folder in self._writable):
                 return f"{target} is in mibyan's home ({home_dir}), which only you may change"
             # the home's own name is not a project's folder: the default home is `~/.mibyan`, and a
             # gateway agent's workspace inside it is still its own (a `.mibyan/` made inside that
             # workspace is not)
-            parts = target.relative_to(home_dir).parts
-        if ".mibyan" in parts:
+            inner = target[len(home_dir.rstrip("/")) + 1 :]
+        if ".mibyan" in inner.split("/"):
             what = "a project's .mibyan folder (mibyan's configuration)"
             return f"{target} is in {what}, which only you may change"
         for file in self._extra:
-            if target == self.resolved(file, cwd):
+            if target == self._resolved(file, cwd):
                 return f"{target} holds a hook mibyan runs, which only you may change"
         return None
 
-    def sealed(self, path: str | os.PathLike[str], *, cwd: Path) -> str | None:
+    def sealed(self, path: str | os.PathLike[str], *, cwd: str | os.PathLike[str]) -> str | None:
         """Why a gateway agent's tool may not even read `path`: a part of the home not its own, or None."""
         if self._agent_folder is None:
             return None
-        target = self.resolved(path, cwd)
-        home_dir = self.resolved(self._home, cwd)
-        if _inside(target, home_dir) and not _inside(target, self.resolved(self._agent_folder, cwd)):
+        target = self._resolved(path, cwd)
+        home_dir = self._resolved(self._home, cwd)
+        if _inside(target, home_dir) and not _inside(target, self._resolved(self._agent_folder, cwd)):
             # read after a verb ("reads ...", "runs in ..."), so it is a noun phrase
             return (
                 f"{target}, which is in mibyan's home ({home_dir}) but not this agent's: other agents' "
