@@ -112,7 +112,8 @@ def _parser() -> Parser:
 
 def fold(command: str) -> str:
     """The command with the disguises that change nothing for a reader removed."""
-    text = unicodedata.normalize("NFKC", command).translate(_INVISIBLE)
+    # ASCII has nothing to fold or make visible: translating char by char cost more than parsing
+    text = command if command.isascii() else unicodedata.normalize("NFKC", command).translate(_INVISIBLE)
     return text.replace("\\\n", "")
 
 

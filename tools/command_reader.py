@@ -356,8 +356,11 @@ def _printf(template: str, values: list[str]) -> str:
 
 def output_guesses(words: Sequence[Word], feed: Feed) -> tuple[str, ...]:
     """What a command whose words have guesses may print: `static_output` of each reading."""
-    options = [w.guesses if w.dynamic else (w.text,) for w in words]
     inputs = feed.guesses if isinstance(feed, Stream) and feed.guesses else (feed,)
+    if len(inputs) == 1 and not any(w.dynamic for w in words):  # one reading: the words themselves
+        text = static_output(words, inputs[0])
+        return () if text is None else (text,)
+    options = [w.guesses if w.dynamic else (w.text,) for w in words]
     found: list[str] = []
     for combo in itertools.islice(itertools.product(*options), _MAX_GUESSES):
         for given in inputs[:4]:
