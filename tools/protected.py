@@ -64,6 +64,7 @@ class OwnFiles:
         self._writable = tuple(writable)
         self._agent_folder = agent_folder
         self._seen: dict[tuple[str, str | None], str] = {}
+        self._folders: dict[str, str] = {}
 
     def _resolved(self, path: str | os.PathLike[str], cwd: str | os.PathLike[str]) -> str:
         """`path` (relative to `cwd`, `~` and `$VARS` expanded) with its links followed as far as they
@@ -77,8 +78,21 @@ class OwnFiles:
             text = os.path.join(cwd, text)
         found = self._seen.get(key)
         if found is None:
-            found = self._seen[key] = real_path(text)
+            found = self._seen[key] = self._real(text)
         return found
+
+    def _real(self, path: str) -> str:
+        """`real_path(path)`, with the real path of its folder kept: the paths of one command line lie
+        in a few folders, and following each of a folder's links again cost most of judging a write."""
+        folder, name = os.path.split(path)
+        if name in ("", ".", ".."):
+            return real_path(path)
+        base = self._folders.get(folder)
+        if base is None:
+            base = self._folders[folder] = real_path(folder)
+        inside = os.path.join(base, name)
+        # a name that is no link ends where its folder does (and a loop of links there has been refused)
+        return real_path(path) if os.path.islink(inside) else inside
 
     def protected(self, path: str | os.PathLike[str], *, cwd: str | os.PathLike[str]) -> str | None:
         """Why a write to `path` is refused, or None when it is not one of mibyan's own files."""
