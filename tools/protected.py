@@ -13,6 +13,7 @@ under the default home, `~/.mibyan`, a gateway agent's workspace is as much its 
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 from collections.abc import Iterable
@@ -23,6 +24,8 @@ def real_path(path: str) -> str:
     """`path` with its links followed as far as they exist, as `Path.resolve()` does it (a loop of links
     raises RuntimeError), in text: the command judge resolves each path a command writes, and the
     objects cost more than following the links."""
+    with contextlib.suppress(OSError):  # most paths exist: then it holds no loop, and no stat tells so
+        return os.path.realpath(path, strict=True)
     real = os.path.realpath(path)
     try:
         os.stat(real)
