@@ -397,6 +397,14 @@ def _pattern_guesses(word: Word) -> list[str]:
     return sorted(name for name in KNOWN_NAMES if fnmatch.fnmatchcase(name, pattern))
 
 
+def _process_home() -> Path:
+    """`Path.home()`, made as one Path rather than two: it is asked for at every judgement."""
+    home = os.path.expanduser("~")
+    if home.startswith("~"):
+        raise RuntimeError("Could not determine home directory.")
+    return Path(home)
+
+
 def judge(
     command: str,
     policy: JudgePolicy | None = None,
@@ -430,7 +438,7 @@ def judge(
             "write it to a script file and run that",
             "too_long",
         )
-    judge = CommandJudge(policy=policy, cwd=cwd, user_home=user_home or Path.home())
+    judge = CommandJudge(policy=policy, cwd=cwd, user_home=user_home or _process_home())
     judge.budget += len(command)
     try:
         return judge.script(command)
