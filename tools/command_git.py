@@ -13,8 +13,9 @@ import os
 import re
 from pathlib import Path
 
+from mibyan.tools.command_paths import holds_code_places
 from mibyan.tools.command_spec import Scan
-from mibyan.tools.command_words import Feed, Judge, combine
+from mibyan.tools.command_words import Feed, Judge, Word, combine
 from mibyan.tools.verdict import SAFE, Verdict
 
 _COMMAND_KEYS = re.compile(
@@ -72,8 +73,35 @@ def judge_git(j: Judge, scan: Scan, feed: Feed) -> Verdict:
     sub = command[0].text
     rest = [w.text for w in command[1:]]
     findings.append(_subcommand(j, sub, rest))
+    findings.append(_applies_patch(j, sub, rest, scan.given("-C")))
     findings.append(_repository_commands(j, folder, sub))
     return combine(findings)
+
+
+#: `git apply` options that only read the patch (unless `--apply` is given too), or write the index only.
+_APPLY_READS = frozenset({"--check", "--stat", "--numstat", "--summary"})
+
+
+def _applies_patch(j: Judge, sub: str, rest: list[str], folders: list[Word]) -> Verdict:
+    """`git apply`, `git am`: the files the patch names, not the command, are written in the work tree
+    (`-C DIR`, else where it runs): asked when that folder holds a place whose content runs by itself
+    (the home holds ~/.bashrc and ~/.ssh), as an archive unpacked there is."""
+    if sub not in ("apply", "am") or "--show-current-patch" in rest or "--cached" in rest:
+        return SAFE
+    if sub == "apply" and _APPLY_READS.intersection(rest) and "--apply" not in rest:
+        return SAFE
+    if any(w.dynamic for w in folders):
+        folder = Word(" ".join(w.text for w in folders), dynamic=True)
+    elif "--unsafe-paths" in rest:  # paths outside the work tree are applied too: anywhere
+        folder = Word("/")
+    else:
+        folder = Word(os.path.join(".", *(w.text for w in folders)))
+    held = holds_code_places(j, folder)
+    into = [j.write(w, "writes into") for w in folders]  # mibyan's home is never patched
+    if held is None:
+        return combine(into)
+    applied = Verdict("dangerous", f"applies a patch (git {sub}) into {held}", "sensitive_write")
+    return combine([*into, applied])
 
 
 def _repository_commands(j: Judge, folder: Path, sub: str) -> Verdict:
@@ -83,13 +111,13 @@ def _repository_commands(j: Judge, folder: Path, sub: str) -> Verdict:
     from mibyan.config.trust import folder_trusted
     from mibyan.tools.git_guard import repository_commands, repository_of
 
-    found = repository_of(Path(os.path.normpath(folder)))
+    found = repository_of(os.path.normpath(folder))
     if found is None:
         return SAFE
     commands = repository_commands(found[1])
     alias = next((v for k, v in commands.items() if k.lower() == f"alias.{sub.lower()}"), None)
     others = {k: v for k, v in commands.items() if not k.lower().startswith("alias.")}
-    if (alias is None and not others) or (not j.gateway and folder_trusted(j.home, found[0])):
+    if (alias is None and not others) or (not j.gateway and folder_trusted(j.home, Path(found[0]))):
         return SAFE
     key, value = (f"alias.{sub}", alias) if alias is not None else next(iter(others.items()))
     shown = value if len(value) <= 60 else value[:60] + "…"

@@ -44,7 +44,7 @@ from mibyan.tools.command_rules import KNOWN_NAMES, judge_invocation
 from mibyan.tools.command_walk import UNREADABLE, Walk
 from mibyan.tools.command_words import Feed, Stream, Word, combine, command_name
 from mibyan.tools.judge_policy import JudgePolicy
-from mibyan.tools.protected import protected_reason
+from mibyan.tools.protected import OwnFiles
 from mibyan.tools.verdict import SAFE, Tier, Verdict
 
 if TYPE_CHECKING:
@@ -79,6 +79,9 @@ _PROCESS_LINK = re.compile(
 )
 
 
+_LEADING_SLASHES = re.compile(r"^//+")
+
+
 def _shown(text: str) -> str:
     return text if len(text) <= 60 else text[:60] + "…"
 
@@ -109,7 +112,8 @@ def _parser() -> Parser:
 
 def fold(command: str) -> str:
     """The command with the disguises that change nothing for a reader removed."""
-    text = unicodedata.normalize("NFKC", command).translate(_INVISIBLE)
+    # ASCII has nothing to fold or make visible: translating char by char cost more than parsing
+    text = command if command.isascii() else unicodedata.normalize("NFKC", command).translate(_INVISIBLE)
     return text.replace("\\\n", "")
 
 
@@ -119,11 +123,16 @@ class CommandJudge:
     def __init__(self, *, policy: JudgePolicy, cwd: Path, user_home: Path) -> None:
         self.home = policy.home
         self.user_home = user_home
-        self._hook_files = policy.protected  # the running agent's hook modules, as off limits as its home
-        # a gateway agent: its own folder is all of the home its commands may name, its workspace
-        # (where they run) and its own temp folder all of it they may write
+        # the home, the running agent's hook modules (as off limits as its home), and for a gateway agent
+        # its own folder (all of the home its commands may name), its workspace (where they run) and its
+        # own temp folder (all of it they may write), each resolved once for this judgement
+        self._own = OwnFiles(
+            home=policy.home,
+            extra=policy.protected,
+            writable=policy.writable,
+            agent_folder=policy.agent_folder,
+        )
         self._agent_folder = policy.agent_folder
-        self._writable = policy.writable
         self.gateway = policy.gateway
         # where the sandbox hides the home from its commands, a folder above the home holds nothing of it
         self._home_hidden = policy.home_hidden
@@ -138,6 +147,7 @@ class CommandJudge:
         self._scripts: dict[Path, Contents] = {}  # the script files it runs, as read
         self._script_bytes = 0
         self._judging: set[tuple[str, Path]] = set()
+        self._resolved: dict[tuple[str, int], tuple[Path, ...]] = {}
 
     # -- the Judge protocol ---------------------------------------------------------------------------
 
@@ -207,17 +217,17 @@ class CommandJudge:
 
     def protected(self, path: Path) -> str | None:
         if path not in self._protected:  # resolving follows links on disk: once per path is enough
-            self._protected[path] = protected_reason(
-                path, home=self.home, cwd=path.parent, extra=self._hook_files, writable=self._writable
-            )
+            self._protected[path] = self._own.protected(path, cwd=os.path.dirname(path))
         return self._protected[path]
 
     def resolve(self, text: str) -> list[Path]:
-        text = text.partition("\0")[0]  # an argument ends at a NUL byte (`$'/\0x'` is "/")
-        path = Path(re.sub(r"^//+", "/", text))  # normpath keeps a leading "//", which is "/" on Linux
-        if path.is_absolute():
-            return [Path(os.path.normpath(path))]
-        return [Path(os.path.normpath(cwd / path)) for cwd in self.cwds]
+        # the same words are resolved again and again (a write target: judged, then remembered); the
+        # folders cd'd to only grow, so their number tells whether an earlier answer still holds
+        key = (text, len(self.cwds))
+        found = self._resolved.get(key)
+        if found is None:
+            found = self._resolved[key] = _resolve(text, self.cwds)
+        return list(found)
 
     # -- reading the command ----------------------------------------------------------------------------
 
@@ -342,13 +352,12 @@ class CommandJudge:
         """For a gateway agent, why a word naming a part of the home not its own is refused (a glob,
         when it may match one: `/tmp/*/.mibyan/state.db`)."""
         from mibyan.tools.path_policy import may_reach
-        from mibyan.tools.protected import sealed_reason
 
         if self._agent_folder is None or not text:
             return None
         homes = {self.home, Path(os.path.realpath(self.home))}
         for path in self.resolve(text):
-            sealed = sealed_reason(path, home=self.home, agent_folder=self._agent_folder)
+            sealed = self._own.sealed(path, cwd=Path.cwd())
             if sealed is not None:
                 return sealed
             own = str(path).startswith(str(self._agent_folder) + "/")
@@ -371,12 +380,29 @@ class CommandJudge:
         )
 
 
+def _resolve(text: str, cwds: list[Path]) -> tuple[Path, ...]:
+    """The absolute paths a static path may mean, relative ones against each of `cwds`."""
+    text = text.partition("\0")[0]  # an argument ends at a NUL byte (`$'/\0x'` is "/")
+    text = _LEADING_SLASHES.sub("/", text)  # normpath keeps a leading "//", which is "/" on Linux
+    if text.startswith("/"):
+        return (Path(os.path.normpath(text)),)
+    return tuple(Path(os.path.normpath(os.path.join(cwd, text))) for cwd in cwds)
+
+
 def _pattern_guesses(word: Word) -> list[str]:
     """The commands the judge knows of that a glob used as a command name (`/bin/r?`) may run."""
     if not word.pattern:
         return []
     pattern = command_name(word)
     return sorted(name for name in KNOWN_NAMES if fnmatch.fnmatchcase(name, pattern))
+
+
+def _process_home() -> Path:
+    """`Path.home()`, made as one Path rather than two: it is asked for at every judgement."""
+    home = os.path.expanduser("~")
+    if home.startswith("~"):
+        raise RuntimeError("Could not determine home directory.")
+    return Path(home)
 
 
 def judge(
@@ -412,7 +438,7 @@ def judge(
             "write it to a script file and run that",
             "too_long",
         )
-    judge = CommandJudge(policy=policy, cwd=cwd, user_home=user_home or Path.home())
+    judge = CommandJudge(policy=policy, cwd=cwd, user_home=user_home or _process_home())
     judge.budget += len(command)
     try:
         return judge.script(command)

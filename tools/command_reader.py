@@ -26,6 +26,7 @@ _MAX_GUESSES = 16
 _MAX_BRACE_WORDS = 64
 _NOT_WORDS = {"variable_assignment", "file_redirect", "herestring_redirect", "heredoc_redirect", "comment"}
 _GLOB = re.compile(r"[*?\[]")
+_NOT_PLAIN = re.compile(r"[\\~{]")
 _ASSIGNED_TILDE = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*=)~")
 _SIMPLE_ESCAPES = {
     "a": "\a",
@@ -220,6 +221,10 @@ class WordReader:
 
     def words(self, node: Node) -> list[Word]:
         """The fields one word node becomes: one, or several after `$IFS` splitting or brace expansion."""
+        if node.type == "word":
+            raw = (node.text or b"").decode(errors="replace")
+            if raw and not _NOT_PLAIN.search(raw):  # most words: no escape, `~` or braces to resolve
+                return [Word(raw, pattern=_GLOB.search(raw) is not None)]
         pieces = self._pieces(node, quoted=False)
         groups: list[list[_Piece]] = [[]]
         for piece in pieces:
@@ -351,8 +356,11 @@ def _printf(template: str, values: list[str]) -> str:
 
 def output_guesses(words: Sequence[Word], feed: Feed) -> tuple[str, ...]:
     """What a command whose words have guesses may print: `static_output` of each reading."""
-    options = [w.guesses if w.dynamic else (w.text,) for w in words]
     inputs = feed.guesses if isinstance(feed, Stream) and feed.guesses else (feed,)
+    if len(inputs) == 1 and not any(w.dynamic for w in words):  # one reading: the words themselves
+        text = static_output(words, inputs[0])
+        return () if text is None else (text,)
+    options = [w.guesses if w.dynamic else (w.text,) for w in words]
     found: list[str] = []
     for combo in itertools.islice(itertools.product(*options), _MAX_GUESSES):
         for given in inputs[:4]:

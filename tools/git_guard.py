@@ -13,14 +13,18 @@ config (`repository_commands`) and asks about (tools/command_git.py).
 
 from __future__ import annotations
 
+import errno
 import functools
 import os
 import re
 import shlex
 import shutil
+import stat
 import subprocess
 from collections.abc import Mapping
 from pathlib import Path
+
+from mibyan.tools.protected import real_path
 
 #: The keys, of the repository's config, whose commands the judge asks about: the environment cannot
 #: switch them off (an empty `diff.external` makes git fail rather than diff).
@@ -32,32 +36,66 @@ _RUNS_COMMANDS = re.compile(
 _USERS_OWN = r"^core\.(hookspath|fsmonitor|sshcommand|askpass)$"
 
 
-def repository_of(folder: Path) -> tuple[Path, Path] | None:
-    """The work tree holding `folder` and the file of its repository's config, or None outside one."""
-    for place in (folder, *folder.parents):
-        marker = place / ".git"
-        if marker.is_dir():
-            return place, marker / "config"
-        if marker.is_file():
-            text = marker.read_text(encoding="utf-8", errors="replace").strip()
-            if not text.startswith("gitdir:"):
-                return None
-            gitdir = (place / text.removeprefix("gitdir:").strip()).resolve()
-            common = gitdir / "commondir"  # a linked worktree: the config lives in the main repository
-            if common.is_file():
-                gitdir = (gitdir / common.read_text(encoding="utf-8").strip()).resolve()
-            return place, gitdir / "config"
-    return None
+def repository_of(folder: str | os.PathLike[str]) -> tuple[str, str] | None:
+    """The work tree holding `folder` and the file of its repository's config, or None outside one.
+
+    The command judge asks this for every git command, so it walks the folders as text, with one
+    `stat` each (`Path.is_dir`, `is_file` and the objects made it a third of judging `git status`)."""
+    place = os.fspath(folder)
+    while True:
+        marker = os.path.join(place, ".git")
+        kind = _kind(marker)
+        if kind == stat.S_IFDIR:
+            return place, os.path.join(marker, "config")
+        if kind == stat.S_IFREG:
+            return _linked(place, marker)
+        parent = os.path.dirname(place)
+        if parent == place:
+            return None
+        place = parent
 
 
-def repository_commands(config: Path) -> dict[str, str]:
+def _linked(place: str, marker: str) -> tuple[str, str] | None:
+    """The repository a `.git` file names (`gitdir: ...`: a linked worktree or a submodule)."""
+    text = _read(marker).strip()
+    if not text.startswith("gitdir:"):
+        return None
+    gitdir = real_path(os.path.join(place, text.removeprefix("gitdir:").strip()))
+    common = os.path.join(gitdir, "commondir")  # a linked worktree: the config lives in the main repository
+    if _kind(common) == stat.S_IFREG:
+        gitdir = real_path(os.path.join(gitdir, _read(common).strip()))
+    return place, os.path.join(gitdir, "config")
+
+
+#: What `Path.is_dir` and `is_file` take for "nothing there" rather than an error.
+_NOTHING_THERE = frozenset({errno.ENOENT, errno.ENOTDIR, errno.EBADF, errno.ELOOP})
+
+
+def _kind(path: str) -> int:
+    """The type of the file `path` leads to (`stat.S_IFDIR`, `S_IFREG`, ...), 0 when there is none."""
+    try:
+        return stat.S_IFMT(os.stat(path).st_mode)
+    except OSError as error:
+        if error.errno not in _NOTHING_THERE:
+            raise
+        return 0
+    except ValueError:  # a NUL byte in the name
+        return 0
+
+
+def _read(path: str) -> str:
+    with open(path, encoding="utf-8", errors="replace") as file:
+        return file.read()
+
+
+def repository_commands(config: str | os.PathLike[str]) -> dict[str, str]:
     """The keys of a repository's config file (its includes too) that make git run a command, with
     their values: `!` aliases, external diffs, filters, drivers and credential helpers."""
     try:
-        seen = config.stat()
+        seen = os.stat(config)
     except OSError:
         return {}
-    return dict(_read_commands(str(config), seen.st_mtime_ns, seen.st_size))
+    return dict(_read_commands(os.fspath(config), seen.st_mtime_ns, seen.st_size))
 
 
 @functools.lru_cache(maxsize=32)

@@ -98,7 +98,7 @@ def _trusted_repository(current: RunContext, cwd: Path) -> bool:
     if current.home is None or current.agent_folder is not None:
         return False
     found = repository_of(cwd)
-    return found is not None and folder_trusted(current.home, found[0])
+    return found is not None and folder_trusted(current.home, Path(found[0]))
 
 
 class _Output:
