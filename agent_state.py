@@ -26,6 +26,7 @@ from mibyan.store.facts import Facts
 from mibyan.store.leases import Leases
 from mibyan.store.ledger import Channels, GatewayLedger
 from mibyan.store.messages import Messages
+from mibyan.store.questions import Questions
 from mibyan.store.search import Search
 from mibyan.store.sessions import Lineage, Sessions
 from mibyan.store.sqlite import SqliteDatabase, busy_timeout_from_environment
@@ -120,8 +121,11 @@ class SessionStore:
         self.events = Events(db)
         self.ledger = GatewayLedger(db)
         self.channels = Channels(db)
+        shared = db.dialect.name == "postgresql"
         #: Channel leases, when gateways on several machines share this store (PostgreSQL); else None.
-        self.leases = Leases(db) if db.dialect.name == "postgresql" else None
+        self.leases = Leases(db) if shared else None
+        #: The questions runs ask their channels, on such a store (an answer may reach another gateway).
+        self.questions = Questions(db) if shared else None
 
     @classmethod
     def at_url(cls, url: str) -> SessionStore:
