@@ -23,7 +23,7 @@ from mibyan.core.errors import MibyanError
 from mibyan.gateway.approvals import PendingApproval
 from mibyan.gateway.leasing import notices
 from mibyan.gateway.ledger import InboxEntry, Ledger
-from mibyan.gateway.work import Outcome, RunFailed
+from mibyan.gateway.work import NothingToAnswer, Outcome, RunFailed
 from mibyan.store.leases import Leases
 from mibyan.store.notices import LEDGER, QUESTIONS
 from mibyan.store.questions import Questions
@@ -125,8 +125,8 @@ class Elsewhere:
         answer it is: that question's run goes on there), once that gateway records it.
 
         Raises:
-            RunFailed: it failed there, or the gateway whose run asked `asked_by` stopped before it
-                answered.
+            RunFailed: it failed there.
+            NothingToAnswer: the gateway whose run asked `asked_by` stopped before its run went on.
         """
         said = False
         async with notices(self.store, self._io, LEDGER, str(entry.id)) as woken:
@@ -146,8 +146,9 @@ class Elsewhere:
                     if outcome is not None:
                         return outcome
                     await self._call(lambda: self.ledger.set_status(entry.id, "failed"))
-                    raise RunFailed(
-                        "the gateway whose run asked this question stopped before it answered; ask again"
+                    raise NothingToAnswer(
+                        "the gateway whose run asked this question stopped before it could go on; the"
+                        " question no longer waits (ask again)"
                     )
                 if not said:
                     log.info(

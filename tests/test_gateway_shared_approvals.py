@@ -23,10 +23,10 @@ CLEAN = Reply(tool_calls=[("terminal", {"command": "rm -rf build"})])
 ONLY_NOTICES = 3600.0  # seconds between two looks at the store: no test waits that long
 
 
-def _home(tmp_path: Path, name: str, server: ScriptedServer, pg_url: str) -> Path:
+def _home(tmp_path: Path, name: str, server: ScriptedServer, pg_url: str, **gateway: Any) -> Path:
     home = tmp_path / name
     home.mkdir(mode=0o700)
-    gateway = {"approvals": "ask", "poll_seconds": ONLY_NOTICES}
+    gateway = {"approvals": "ask", "poll_seconds": ONLY_NOTICES, **gateway}
     write_config(home, {"local": server.base_url}, [MEEPA], gateway=gateway, extra={"store": {"url": pg_url}})
     build = home / "agents" / "meepa" / "workspace" / "build"  # where the agent's commands run
     build.mkdir(parents=True)
@@ -127,3 +127,21 @@ def test_another_message_at_the_other_gateway_is_told_to_answer_first(
     assert reminder.startswith("Answer /approve or /deny first") and "rm -rf build" in reminder
     assert len(server.requests) == 1
     assert _text(_say(b, "/approve")) == "done"
+
+
+def test_an_answer_after_the_asking_gateway_was_killed_is_refused_and_the_command_never_runs(
+    server: ScriptedServer, tmp_path: Path, pg_url: str
+) -> None:
+    # a gateway killed sends no notice: the answering one sees it gone when it looks again (each second)
+    homes = [_home(tmp_path, name, server, pg_url, lease_seconds=2, poll_seconds=1) for name in ("a", "b")]
+    server.add(CLEAN, Reply(text="I did not clean it."))  # the second: the taken-over run's
+    with RunningGateway(homes[0]) as a, RunningGateway(homes[1]) as b:
+        _text(_say(a, "clean the build folder"))
+        a.kill()
+
+        refused = _say(b, "/approve")
+
+        assert refused.status_code == 409, refused.text
+        assert "no longer waits" in refused.json()["error"]["message"]
+    for home in homes:
+        assert (home / "agents/meepa/workspace/build").exists()
