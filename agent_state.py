@@ -111,6 +111,7 @@ class SessionStore:
             wait = busy_timeout if busy_timeout is not None else busy_timeout_from_environment()
             database = SqliteDatabase(path, read_only=read_only, busy_timeout=wait)
         self.database: Database = database
+        self._closed = False
         db = self.database
         self.sessions = Sessions(db)
         self.lineage = Lineage(db)
@@ -131,12 +132,12 @@ class SessionStore:
     def at_url(cls, url: str) -> SessionStore:
         """The PostgreSQL store at `url` (postgresql://...; needs the extra `mibyan[postgres]`)."""
         try:
-            from mibyan.store.postgres import PostgresDatabase
+            from mibyan.store.postgres import open_database
         except ImportError:
             raise StoreError(
                 "store.url names PostgreSQL, but psycopg is not installed: pip install 'mibyan[postgres]'"
             ) from None
-        database = PostgresDatabase(url)
+        database = open_database(url)
         return cls(Path(database.name), database=database)
 
     @classmethod
@@ -165,7 +166,9 @@ class SessionStore:
         return self.database.fenced(channel, owner, epoch)
 
     def close(self) -> None:
-        self.database.close()
+        if not self._closed:  # once: a database shared in the process counts its users
+            self._closed = True
+            self.database.close()
 
     def __enter__(self) -> SessionStore:
         return self

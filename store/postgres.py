@@ -228,6 +228,26 @@ class _Connection:
         return cursor
 
 
+_OPEN: dict[str, PostgresDatabase] = {}
+_OPEN_LOCK = threading.Lock()
+
+
+def open_database(url: str) -> PostgresDatabase:
+    """The database at `url`, shared by every store of this process that opens it (a gateway opens one
+    per run): one pool and one listening connection, connected and migrated once; each user closes it.
+
+    Raises:
+        StoreError: as PostgresDatabase.
+    """
+    with _OPEN_LOCK:
+        database = _OPEN.get(url)
+        if database is not None:
+            database._users += 1
+            return database
+        database = _OPEN[url] = PostgresDatabase(url)
+        return database
+
+
 class PostgresDatabase:
     """A PostgreSQL database through a pool of connections; thread-safe, any number of processes.
 
@@ -245,6 +265,7 @@ class PostgresDatabase:
     def __init__(self, url: str, *, pool_size: int = 8) -> None:
         self.url = url
         self.name = shown_url(url)
+        self._users = 1  # the stores using it (`open_database` shares one per URL in a process)
         try:
             with psycopg.connect(url, connect_timeout=10) as conn:
                 self._migrate(conn)
@@ -275,6 +296,13 @@ class PostgresDatabase:
                 conn.execute(driver_sql(RECORD_APPLIED), (step.__name__, time.time()))
 
     def close(self) -> None:
+        """Let it go; the last of its users closes its pool and its listening connection."""
+        with _OPEN_LOCK:
+            self._users -= 1
+            if self._users > 0:
+                return
+            if _OPEN.get(self.url) is self:
+                del _OPEN[self.url]
         self._listener.close()
         self._pool.close()
 

@@ -39,6 +39,7 @@ def viewer(pg_url: str) -> Iterator[str]:
         app = create_app(store, token=TOKEN, cookie=COOKIE, poll_interval=3600)
         listener = socket.socket()
         listener.bind(("127.0.0.1", 0))
+        listener.listen()  # connections queue from now on, before the server's thread is up
         server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
         thread = threading.Thread(target=server.run, kwargs={"sockets": [listener]}, daemon=True)
         thread.start()
