@@ -26,6 +26,7 @@ from mibyan.store.facts import Facts
 from mibyan.store.leases import Leases
 from mibyan.store.ledger import Channels, GatewayLedger
 from mibyan.store.messages import Messages
+from mibyan.store.questions import Questions
 from mibyan.store.search import Search
 from mibyan.store.sessions import Lineage, Sessions
 from mibyan.store.sqlite import SqliteDatabase, busy_timeout_from_environment
@@ -110,6 +111,7 @@ class SessionStore:
             wait = busy_timeout if busy_timeout is not None else busy_timeout_from_environment()
             database = SqliteDatabase(path, read_only=read_only, busy_timeout=wait)
         self.database: Database = database
+        self._closed = False
         db = self.database
         self.sessions = Sessions(db)
         self.lineage = Lineage(db)
@@ -120,19 +122,22 @@ class SessionStore:
         self.events = Events(db)
         self.ledger = GatewayLedger(db)
         self.channels = Channels(db)
+        shared = db.dialect.name == "postgresql"
         #: Channel leases, when gateways on several machines share this store (PostgreSQL); else None.
-        self.leases = Leases(db) if db.dialect.name == "postgresql" else None
+        self.leases = Leases(db) if shared else None
+        #: The questions runs ask their channels, on such a store (an answer may reach another gateway).
+        self.questions = Questions(db) if shared else None
 
     @classmethod
     def at_url(cls, url: str) -> SessionStore:
         """The PostgreSQL store at `url` (postgresql://...; needs the extra `mibyan[postgres]`)."""
         try:
-            from mibyan.store.postgres import PostgresDatabase
+            from mibyan.store.postgres import open_database
         except ImportError:
             raise StoreError(
                 "store.url names PostgreSQL, but psycopg is not installed: pip install 'mibyan[postgres]'"
             ) from None
-        database = PostgresDatabase(url)
+        database = open_database(url)
         return cls(Path(database.name), database=database)
 
     @classmethod
@@ -161,7 +166,9 @@ class SessionStore:
         return self.database.fenced(channel, owner, epoch)
 
     def close(self) -> None:
-        self.database.close()
+        if not self._closed:  # once: a database shared in the process counts its users
+            self._closed = True
+            self.database.close()
 
     def __enter__(self) -> SessionStore:
         return self

@@ -121,6 +121,9 @@ class GatewaySection(_Section):
     max_attachment_mb: float = Field(default=10, ge=0)  # a file a user sends larger than this is not kept
     # a channel claimed by a gateway that stopped renewing it is taken over after this (shared stores)
     lease_seconds: float = Field(default=30, gt=0)
+    # seconds between two looks at a shared store for what another gateway did (a reply, a lease let go,
+    # an answer), when no notice woke this one sooner (PostgreSQL's LISTEN/NOTIFY does, at once)
+    poll_seconds: float = Field(default=1.0, gt=0)
 
 
 def check_agents(agents: Sequence[GatewayAgent], providers: Collection[str] | None) -> None:

@@ -22,6 +22,13 @@ if TYPE_CHECKING:
     from mibyan.tools.approval import Answer, ApprovalRequest
 
 ANSWERS = {"/approve": True, "/deny": False}
+
+
+def answers(pending_kind: str, text: str) -> bool:
+    """Whether `text` answers a question of that kind (an approval: /approve or /deny; clarify: anything)."""
+    return pending_kind == "clarify" or text.strip().lower() in ANSWERS
+
+
 #: Why a dangerous command was refused without asking: the gateway's policy, or no channel to ask in.
 DENIED_BY_POLICY = "this gateway does not run dangerous commands (gateway.approvals: deny)"
 NO_CHANNEL_TO_ASK = (
@@ -67,6 +74,8 @@ class PendingApproval:
         choices: the answers a `clarify` question offers.
         decided: set once answered; `approved` holds the answer, `answer` a clarify's words.
         result: the future that receives the run's final outcome (whoever answers awaits it).
+        question_id: its row in a store shared with other gateways (gateway/elsewhere.py), if any.
+        answering: an answer that arrived here is being taken on that row.
     """
 
     inbox_id: int
@@ -80,6 +89,8 @@ class PendingApproval:
     approved: bool = False
     answer: str = ""
     result: asyncio.Future[Any] | None = None
+    question_id: int | None = None
+    answering: bool = False
 
     def asking_text(self) -> str:
         """The asking message's reply: what the run said before it asked, then the question."""
@@ -104,6 +115,9 @@ class ChannelApprovals:
     def ask(self, channel: str, pending: PendingApproval) -> None:
         """Event loop: the question is out; the channel's next message answers it."""
         self._pending[channel] = pending
+
+    def pending_questions(self) -> list[PendingApproval]:
+        return list(self._pending.values())
 
     def answer(self, channel: str, text: str) -> PendingApproval | None:
         """Event loop: apply `text` as the answer; None when it is not an answer (ask to answer first)."""

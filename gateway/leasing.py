@@ -1,7 +1,8 @@
 """One run per channel across the gateways sharing a PostgreSQL store (DESIGN §16).
 
 Before a channel's next message runs, this gateway claims the channel's lease (store/leases.py), waiting
-while another live gateway holds it; while the run goes on, a heartbeat renews it every third of
+while another live gateway holds it (woken by the notice of its release, else looking again every
+`gateway.poll_seconds` for a lease that ran out); while the run goes on, a heartbeat renews it every third of
 `gateway.lease_seconds`; after the run it is let go at once, so the other gateways' messages for the
 channel run next. Every write of the run is fenced by the lease's owner and epoch: a gateway that lost
 the channel (stopped, cut off) cannot write into it any more, and its run is interrupted. A channel whose
@@ -12,22 +13,36 @@ the lost gateway left running.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import socket
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 from agent_state import SessionStore
 from mibyan.gateway.ledger import InboxEntry, inbox_entry
 from mibyan.store.leases import Leases
+from mibyan.store.notices import LEASES, Waker
 
 log = logging.getLogger("mibyan.gateway")
 _T = TypeVar("_T")
-#: Seconds between two claims of a channel another gateway holds (doubling up to the most).
-_FIRST_WAIT, _MOST_WAIT = 0.02, 0.5
+
+
+@contextlib.asynccontextmanager
+async def notices(store: SessionStore, io: ThreadPoolExecutor, topic: str, key: str) -> AsyncIterator[Waker]:
+    """While inside: the store's notices of `topic` for `key` wake the yielded Waker (subscribed before
+    the block looks at anything, so none is missed between its look and its wait)."""
+    waker = Waker(asyncio.get_running_loop())
+    listening = await asyncio.get_running_loop().run_in_executor(
+        io, lambda: store.database.listen(topic, key, waker)
+    )
+    try:
+        yield waker
+    finally:
+        listening.close()
 
 
 class ChannelLeases:
@@ -37,12 +52,16 @@ class ChannelLeases:
         store: the shared store (its `leases`).
         seconds: `gateway.lease_seconds`.
         io: the executor the gateway's ledger I/O runs on.
+        poll: `gateway.poll_seconds`, between two claims of a channel held elsewhere when no notice came.
     """
 
-    def __init__(self, store: SessionStore, leases: Leases, seconds: float, io: ThreadPoolExecutor) -> None:
+    def __init__(
+        self, store: SessionStore, leases: Leases, seconds: float, io: ThreadPoolExecutor, *, poll: float
+    ) -> None:
         self.store = store
         self.leases = leases
         self.seconds = seconds
+        self.poll = poll
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._io = io
 
@@ -50,14 +69,17 @@ class ChannelLeases:
         return await asyncio.get_running_loop().run_in_executor(self._io, action)
 
     async def claim(self, channel: str) -> int:
-        """Wait until this gateway holds the channel; its epoch."""
-        wait = _FIRST_WAIT
-        while True:
-            epoch = await self._call(lambda: self.leases.claim(channel, self.owner, self.seconds))
-            if epoch is not None:
-                return epoch
-            await asyncio.sleep(wait)
-            wait = min(wait * 2, _MOST_WAIT)
+        """Wait until this gateway holds the channel; its epoch. Woken when its holder lets it go; a
+        lease that ran out (its holder stopped) is seen at the next look."""
+        epoch = await self._call(lambda: self.leases.claim(channel, self.owner, self.seconds))
+        if epoch is not None:
+            return epoch
+        async with notices(self.store, self._io, LEASES, channel) as released:
+            while True:  # claimed again once subscribed: a release just before is not missed
+                epoch = await self._call(lambda: self.leases.claim(channel, self.owner, self.seconds))
+                if epoch is not None:
+                    return epoch
+                await released.wait(self.poll)
 
     async def left_running(self, channel: str) -> list[int]:
         """The inbox ids a previous holder of the channel left running (it stopped mid-run)."""

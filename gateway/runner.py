@@ -3,7 +3,9 @@
 A message is recorded in the ledger, queued on its channel, and run when the channel's previous message
 is done and fewer than `gateway.max_concurrent` runs are going. Each run is a core `AIAgent` in a worker
 thread (the agent is synchronous); the event loop only routes and waits. A repeated message id gets the
-first run's reply (or waits for that run), never a second run.
+first run's reply (or waits for that run), never a second run. With a store shared by several gateways
+(DESIGN §16), a message another gateway runs is waited for there, and an answer to another gateway's
+question is handed to it (gateway/elsewhere.py).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from agent_state import SessionStore, mask_secrets
 from mibyan.agent.session_lock import SessionLock, build_holding
@@ -26,13 +28,16 @@ from mibyan.config.loader import AgentSettings
 from mibyan.core.errors import MibyanError
 from mibyan.gateway.agents import AgentInstance, prepare_workspace
 from mibyan.gateway.approvals import (
+    ANSWERS,
     DENIED_BY_POLICY,
     NO_CHANNEL_TO_ASK,
     ChannelApprovals,
     ChannelAsker,
     PendingApproval,
     answer_first_text,
+    answers,
 )
+from mibyan.gateway.elsewhere import Elsewhere
 from mibyan.gateway.leasing import ChannelLeases
 from mibyan.gateway.ledger import InboxEntry, Ledger, Reply
 from mibyan.gateway.resumption import cut_turn_start, not_to_resume
@@ -41,6 +46,7 @@ from mibyan.gateway.work import (
     Delta,
     Inbound,
     Job,
+    NothingToAnswer,
     Outcome,
     RunFailed,
     RunRequest,
@@ -95,9 +101,17 @@ class Gateway:
         self._asking = settings.gateway.approvals == "ask"
         self.approvals = ChannelApprovals(settings.approvals.timeout)
         # a store shared by gateways on several machines: a channel runs where its lease is held
-        leases = self.store.leases
-        seconds = settings.gateway.lease_seconds
-        self.leases = None if leases is None else ChannelLeases(self.store, leases, seconds, self._io)
+        leases, questions = self.store.leases, self.store.questions
+        seconds, poll = settings.gateway.lease_seconds, settings.gateway.poll_seconds
+        self.leases = (
+            None if leases is None else ChannelLeases(self.store, leases, seconds, self._io, poll=poll)
+        )
+        self.elsewhere = None
+        if self.leases is not None and leases is not None and questions is not None:
+            self.elsewhere = Elsewhere(
+                self.store, questions, leases, self.ledger, self._io, owner=self.leases.owner, poll=poll
+            )
+        self._watching: set[asyncio.Task[None]] = set()  # questions of runs here that others may answer
 
     def default_agent(self) -> AgentInstance | None:
         for instance in self.agents.values():
@@ -188,8 +202,15 @@ class Gateway:
         instance = self.agents[message.agent_id]
         key = channel_key(message)
         pending = self.approvals.pending(key)
+        elsewhere = self.elsewhere
+        asked_elsewhere = None  # another gateway's run asked this channel
+        if pending is None and elsewhere is not None and message.channel is not None:
+            asked_elsewhere = await elsewhere.asked_elsewhere(key)
+        if pending is None and asked_elsewhere is None and message.channel is not None:
+            await self._refuse_stray_answer(key, message)
         history = tuple(message.history) if message.history is not None else None
-        request = RunRequest(message.text, history, message.channel is None, pending is not None)
+        asked = pending is not None or asked_elsewhere is not None
+        request = RunRequest(message.text, history, message.channel is None, asked)
         record = request.as_record()
         entry, new = await self._ledger(lambda: self.ledger.record_inbound(key, message.message_key, record))
         if not new:
@@ -200,17 +221,61 @@ class Gateway:
                 return Outcome(entry.id, pending.asking_text(), pending.session_id, {})
             if entry.id in self._waiting:
                 return await asyncio.shield(self._waiting[entry.id])
+            # another gateway runs it, or it answered a question (whose run records its reply)
+            if elsewhere is not None and (entry.status == "running" or entry.request.get("approval_answer")):
+                return await elsewhere.reply(entry, self._waiting.get)
         if pending is not None:
             return await self._answer(entry, key, message.text, pending)
+        if asked_elsewhere is not None and elsewhere is not None:
+            return await self._answer_elsewhere(elsewhere, entry, message.text, asked_elsewhere)
         return await asyncio.shield(self._enqueue(entry, request, instance, on_delta, on_start, on_tool))
 
+    async def _refuse_stray_answer(self, key: str, message: Inbound) -> None:
+        """/approve or /deny on a channel where no question waits: NothingToAnswer, unless it repeats a
+        message recorded before (its first reply is returned)."""
+        if message.text.strip().lower() not in ANSWERS:
+            return
+        repeated = message.message_key
+        if repeated is not None and await self._ledger(lambda: self.ledger.has_message(key, repeated)):
+            return
+        raise NothingToAnswer(f"nothing on the channel {message.channel!r} is waiting for an answer")
+
+    async def _answer_elsewhere(
+        self, elsewhere: Elsewhere, entry: InboxEntry, text: str, question: dict[str, Any]
+    ) -> Outcome:
+        """A message on a channel whose run, on another gateway, waits for an answer: taken as the
+        answer there (once), and its reply is that run's next one; or a reminder to answer first."""
+        session_id = str(question["session_id"])
+        if not answers(str(question["kind"]), text):
+            reminder = answer_first_text(str(question["subject"]))
+            await self._ledger(lambda: self.ledger.record_reply(entry, reminder, session_id, {}))
+            return Outcome(entry.id, reminder, session_id, {})
+        if not await elsewhere.take_answer(int(question["id"]), text, entry.id):
+            await self._ledger(functools.partial(self.ledger.set_status, entry.id, "failed"))
+            raise NothingToAnswer("the question on this channel was answered already")
+        return await elsewhere.reply(entry, self._waiting.get, asked_by=question)
+
     async def _answer(self, entry: InboxEntry, key: str, text: str, pending: PendingApproval) -> Outcome:
-        """A message on a channel whose run waits for approval: the answer, or a reminder to give one."""
+        """A message on a channel whose run waits for approval: the answer, or a reminder to give one.
+        A question other gateways may answer too is answered here only if this answer is taken first."""
+        if answers(pending.kind, text) and self.elsewhere is not None and pending.question_id is not None:
+            pending.answering = True
+            taken = await self.elsewhere.take_answer(pending.question_id, text, entry.id)
+            pending.answering = False
+            if not taken:
+                await self._ledger(functools.partial(self.ledger.set_status, entry.id, "failed"))
+                self._watch_question(key, pending)  # the answer taken first goes to the run
+                raise NothingToAnswer("the question on this channel was answered already, at another gateway")
         answered = self.approvals.answer(key, text)
         if answered is None or answered.result is None:
             reminder = answer_first_text(pending.command)
             await self._ledger(lambda: self.ledger.record_reply(entry, reminder, pending.session_id, {}))
             return Outcome(entry.id, reminder, pending.session_id, {})
+        return await self._answered(entry, answered)
+
+    async def _answered(self, entry: InboxEntry, answered: PendingApproval) -> Outcome:
+        """The answering message's reply: the run's next (its next question, or its final answer)."""
+        assert answered.result is not None
         final: Outcome = await asyncio.shield(answered.result)
         if final.error is None and not final.interrupted:
             await self._ledger(
@@ -230,7 +295,10 @@ class Gateway:
             kind: Literal["approval", "clarify"], text: str, reason: str, choices: tuple[str, ...]
         ) -> PendingApproval:
             said = job.stream.cut() if job.stream is not None else ""
-            return PendingApproval(job.entry.id, job.session_id, text, reason, said, kind, choices)
+            pending = PendingApproval(job.entry.id, job.session_id, text, reason, said, kind, choices)
+            if self.elsewhere is not None:  # an answer may reach another gateway: it finds the question
+                self.elsewhere.record_question(job.entry.channel, pending)
+            return pending
 
         return ChannelAsker(
             self.approval_timeout(job.entry.channel),
@@ -259,13 +327,44 @@ class Gateway:
         pending.result = job.future
         self._waiting[job.entry.id] = job.future
         self.approvals.ask(job.entry.channel, pending)
+        self._watch_question(job.entry.channel, pending)
         if not asker.done():
             asker.set_result(Outcome(job.entry.id, pending.asking_text(), job.session_id, {}))
+
+    def _watch_question(self, key: str, pending: PendingApproval) -> None:
+        """Event loop: with a shared store, hand the run an answer another gateway takes for `pending`."""
+        elsewhere = self.elsewhere
+        if elsewhere is None or pending.question_id is None:
+            return
+
+        async def watch() -> None:
+            def asked() -> bool:
+                return self.approvals.pending(key) is pending
+
+            row = await elsewhere.answer_taken_elsewhere(key, pending, asked)
+            if row is None or pending.answering or not asked():
+                return
+            answered = self.approvals.answer(key, str(row["answer"]))
+            entry = await self._ledger(lambda: self.ledger.entry(int(row["answer_inbox_id"])))
+            if answered is None or answered.result is None or entry is None:
+                return
+            log.info("channel %s: the answer that reached another gateway goes to the run here", key)
+            await self._answered(entry, answered)
+
+        task = asyncio.create_task(watch())
+        self._watching.add(task)
+        task.add_done_callback(self._watched)
+
+    def _watched(self, task: asyncio.Task[None]) -> None:
+        self._watching.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("an answer from another gateway was not handed over: %s", task.exception())
 
     def _expire_question(self, job: Job, pending: PendingApproval) -> None:
         """Event loop: nobody answered in time; once the run ends, the channel's next reply says so."""
         approvals = self.approvals
         approvals.expire(job.entry.channel, pending)
+        self._close_question(pending)
 
         def told(done: asyncio.Future[Outcome]) -> None:
             if not done.cancelled() and done.exception() is None:
@@ -273,6 +372,25 @@ class Gateway:
                 approvals.note_timeout(job.entry.channel, pending, done.result().text, timeout)
 
         job.future.add_done_callback(told)
+
+    def _close_question(self, pending: PendingApproval) -> None:
+        """Event loop: nobody may answer `pending` any more, at any gateway; an answer taken meanwhile
+        elsewhere fails (its gateway says so) rather than wait for a run that no longer asks."""
+        elsewhere, question_id = self.elsewhere, pending.question_id
+        if elsewhere is None or question_id is None:
+            return
+
+        async def close() -> None:
+            if await elsewhere.close_question(question_id):
+                return
+            row = await elsewhere.question(question_id)
+            if row is not None and row["answer_inbox_id"] is not None:
+                late = int(row["answer_inbox_id"])
+                await self._ledger(functools.partial(self.ledger.set_status, late, "failed"))
+
+        task = asyncio.create_task(close())
+        self._watching.add(task)
+        task.add_done_callback(self._watched)
 
     async def delivered(self, inbox_id: int) -> None:
         """The connector has handed the reply over."""
@@ -538,6 +656,8 @@ class Gateway:
     async def drain(self) -> None:
         """Take no new work; let running turns finish within shutdown_grace, then interrupt them."""
         self._accepting = False
+        for pending in self.approvals.pending_questions():
+            self._close_question(pending)
         self.approvals.deny_all()  # a run waiting for an answer would hold the stop up
         running = [f for f in self._waiting.values() if not f.done()]
         if running:
@@ -548,6 +668,10 @@ class Gateway:
                 await asyncio.wait(late, timeout=_INTERRUPTED_WITHIN)
         for agent in list(self._running):  # answered, but still compressing after delivery
             agent.interrupt()
+        if self._watching:  # a closed question wakes its watcher at once; a handed-over answer's is quick
+            await asyncio.wait(list(self._watching), timeout=_INTERRUPTED_WITHIN)
+        for task in list(self._watching):
+            task.cancel()
 
     def close(self) -> None:
         """Release the worker threads, the agents' MCP servers and the store (after `drain` and the

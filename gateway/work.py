@@ -32,6 +32,11 @@ class RunFailed(MibyanError):
     """A run raised on a fault of ours; the gateway's log has its traceback (logged once, by the runner)."""
 
 
+class NothingToAnswer(MibyanError):
+    """An answer (/approve, /deny) for a channel where no question waits: none was asked, or another
+    answer was taken first (at another gateway, say)."""
+
+
 class ShuttingDown(MibyanError):
     """The gateway is stopping and takes no new work."""
 

@@ -14,6 +14,7 @@ from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
 from mibyan.core.errors import MibyanError
+from mibyan.store.notices import Listening, Wake
 
 
 class StoreError(MibyanError):
@@ -105,6 +106,17 @@ class Database(Protocol):
         """While inside, every write transaction of this thread first checks that `owner` still holds
         `channel` at `epoch` (the lease of store/leases.py), else it is refused whole with LeaseLost.
         A backend that one machine owns (SQLite) needs no check."""
+        ...
+
+    def announce(self, db: Connection, topic: str, key: str) -> None:
+        """Within the transaction `db`: wake the listeners of `topic` and `key` once it commits (never if
+        it rolls back). Topics are store/notices.py's."""
+        ...
+
+    def listen(self, topic: str, key: str | None, wake: Wake) -> Listening:
+        """Call `wake()` (on another thread) at each notice of `topic` for `key` (None: any key) until the
+        returned Listening is closed; subscribe before looking at what you wait for. PostgreSQL hears
+        every process's notices; SQLite only this process's, so a waiter also looks again now and then."""
         ...
 
     def close(self) -> None: ...

@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 from mibyan.store.database import Database, row_dict
+from mibyan.store.notices import LEASES
 
 _CLAIM = (
     "INSERT INTO gateway_leases (channel, owner, epoch, expires_at) VALUES (?, ?, 1, ?)"
@@ -46,12 +47,14 @@ class Leases:
         return cursor.rowcount == 1
 
     def release(self, channel: str, owner: str, epoch: int) -> None:
-        """Let the channel go at once (the next claim, by anyone, takes it)."""
+        """Let the channel go at once (the next claim, by anyone, takes it), announced (LEASES) to
+        the gateways waiting for it."""
         with self._db.transaction() as db:
             db.execute(
                 "UPDATE gateway_leases SET expires_at = 0 WHERE channel = ? AND owner = ? AND epoch = ?",
                 (channel, owner, epoch),
             )
+            self._db.announce(db, LEASES, channel)
 
     def holder(self, channel: str) -> dict[str, Any] | None:
         """The channel's lease row (owner, epoch, expires_at), or None when it was never claimed."""

@@ -11,6 +11,7 @@ from typing import Any
 
 from mibyan.core.redact import mask_secrets
 from mibyan.store.database import Database, row_dict
+from mibyan.store.notices import LEDGER
 
 #: Rows deleted per statement when finished messages are forgotten (SQLite allows 999 parameters).
 _CHUNK = 500
@@ -54,12 +55,17 @@ class GatewayLedger:
             )
 
     def set_status(self, inbox_id: int, status: str) -> None:
+        """Set a message's state; one that failed is announced (LEDGER), as whoever waits for its reply
+        will have none."""
         with self._db.transaction() as db:
             db.execute("UPDATE gateway_inbox SET status = ? WHERE id = ?", (status, inbox_id))
+            if status == "failed":
+                self._db.announce(db, LEDGER, str(inbox_id))
 
     def record_reply(self, inbox_id: int, channel: str, reply: str) -> dict[str, Any]:
         """Record the reply (`reply`: its JSON text) unless one is recorded, and mark the inbound
-        message answered, in one transaction; returns the outbox row (the one recorded first)."""
+        message answered, in one transaction that announces it (LEDGER); returns the outbox row (the one
+        recorded first)."""
         with self._db.transaction() as db:
             rows = db.execute(
                 "INSERT INTO gateway_outbox (inbox_id, channel, reply, created_at) VALUES (?, ?, ?, ?)"
@@ -69,6 +75,7 @@ class GatewayLedger:
             if not rows:
                 rows = db.execute("SELECT * FROM gateway_outbox WHERE inbox_id = ?", (inbox_id,)).fetchall()
             db.execute("UPDATE gateway_inbox SET status = 'answered' WHERE id = ?", (inbox_id,))
+            self._db.announce(db, LEDGER, str(inbox_id))
         return row_dict(rows[0])
 
     def inbound(self, inbox_id: int) -> dict[str, Any] | None:

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from mibyan.core.redact import mask_secrets
 from mibyan.store.database import Connection, Database, Row, StoreError, row_dict
+from mibyan.store.notices import MESSAGES
 from mibyan.store.sessions import insert_session
 
 if TYPE_CHECKING:
@@ -102,6 +103,7 @@ class Messages:
                 raise StoreError(f"no session {session_id!r}")
             db.execute(_INSERT, _message_values(session_id, row["message_count"], message, now))
             self._bump(db, "message_count + 1", now, session_id)
+            self._db.announce(db, MESSAGES, session_id)  # a viewer's live page shows it
 
     def replace(
         self, session_id: str, messages: list[Message], *, create: dict[str, Any] | None = None
@@ -114,6 +116,7 @@ class Messages:
             db.execute("DELETE FROM messages WHERE session_id = ?", (session_id,))
             db.executemany(_INSERT, [_message_values(session_id, i, m, now) for i, m in enumerate(messages)])
             self._bump(db, str(len(messages)), now, session_id)
+            self._db.announce(db, MESSAGES, session_id)
 
     @staticmethod
     def _bump(db: Connection, count: str, now: float, session_id: str) -> None:

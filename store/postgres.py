@@ -11,6 +11,7 @@ SQLite index does: the database folds stored text (postgres_schema's `mibyan_sea
 from __future__ import annotations
 
 import functools
+import logging
 import re
 import threading
 import time
@@ -22,11 +23,15 @@ from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 import psycopg_pool
+from psycopg import sql
 from psycopg.rows import dict_row
 
 from mibyan.store import postgres_schema
-from mibyan.store.database import Dialect, LeaseLost, StoreError, search_filters
+from mibyan.store.database import Connection, Dialect, LeaseLost, StoreError, search_filters
 from mibyan.store.migrations import APPLIED_NAMES, APPLIED_TABLE, RECORD_APPLIED
+from mibyan.store.notices import TOPICS, Listening, Subscribers, Wake
+
+log = logging.getLogger("mibyan.store")
 
 #: The advisory lock migrations run under (any fixed number; "mibyan" in ASCII).
 MIGRATION_LOCK = 0x6D696279616E
@@ -39,6 +44,12 @@ _SNIPPET_WORDS = 12
 _FENCED = threading.local()
 _FENCE = "SELECT 1 FROM gateway_leases WHERE channel = %s AND owner = %s AND epoch = %s FOR SHARE"
 _ELLIPSIS = "…"
+#: Seconds the first subscriber waits for LISTEN to be in place (after that it relies on its polling).
+_LISTEN_WITHIN = 5.0
+#: Seconds the listening thread waits for notices between two looks at whether it should stop.
+_LISTEN_TICK = 0.25
+#: Seconds between two attempts to listen again after the connection was lost.
+_RELISTEN_AFTER = 2.0
 
 
 def is_postgres_url(url: str) -> bool:
@@ -217,6 +228,26 @@ class _Connection:
         return cursor
 
 
+_OPEN: dict[str, PostgresDatabase] = {}
+_OPEN_LOCK = threading.Lock()
+
+
+def open_database(url: str) -> PostgresDatabase:
+    """The database at `url`, shared by every store of this process that opens it (a gateway opens one
+    per run): one pool and one listening connection, connected and migrated once; each user closes it.
+
+    Raises:
+        StoreError: as PostgresDatabase.
+    """
+    with _OPEN_LOCK:
+        database = _OPEN.get(url)
+        if database is not None:
+            database._users += 1
+            return database
+        database = _OPEN[url] = PostgresDatabase(url)
+        return database
+
+
 class PostgresDatabase:
     """A PostgreSQL database through a pool of connections; thread-safe, any number of processes.
 
@@ -234,6 +265,7 @@ class PostgresDatabase:
     def __init__(self, url: str, *, pool_size: int = 8) -> None:
         self.url = url
         self.name = shown_url(url)
+        self._users = 1  # the stores using it (`open_database` shares one per URL in a process)
         try:
             with psycopg.connect(url, connect_timeout=10) as conn:
                 self._migrate(conn)
@@ -247,6 +279,7 @@ class PostgresDatabase:
             )
         except psycopg.Error as exc:
             raise StoreError(f"{self.name}: cannot use the session database ({_reason(exc)})") from None
+        self._listener = _Listener(url, self.name)
 
     @staticmethod
     def _migrate(conn: psycopg.Connection[Any]) -> None:
@@ -263,7 +296,22 @@ class PostgresDatabase:
                 conn.execute(driver_sql(RECORD_APPLIED), (step.__name__, time.time()))
 
     def close(self) -> None:
+        """Let it go; the last of its users closes its pool and its listening connection."""
+        with _OPEN_LOCK:
+            self._users -= 1
+            if self._users > 0:
+                return
+            if _OPEN.get(self.url) is self:
+                del _OPEN[self.url]
+        self._listener.close()
         self._pool.close()
+
+    def announce(self, db: Connection, topic: str, key: str) -> None:
+        """NOTIFY in the transaction `db`: the server delivers it at the commit, to every listener."""
+        db.execute("SELECT pg_notify(?, ?)", (topic, key))
+
+    def listen(self, topic: str, key: str | None, wake: Wake) -> Listening:
+        return self._listener.listen(topic, key, wake)
 
     @contextmanager
     def fenced(self, channel: str, owner: str, epoch: int) -> Iterator[None]:
@@ -297,6 +345,64 @@ class PostgresDatabase:
                 return cast("list[dict[str, Any]]", rows)
         except psycopg.Error as exc:
             raise StoreError(f"{self.name}: {_reason(exc)}") from None
+
+
+class _Listener:
+    """One connection of this process that LISTENs to every topic, on a thread of its own, and wakes the
+    subscribers of each notice. Started by the first subscriber; when the connection is lost it listens
+    again, and wakes everyone then (notices sent meanwhile were missed: each waiter looks again)."""
+
+    def __init__(self, url: str, name: str) -> None:
+        self._url, self._name = url, name
+        self.subscribers = Subscribers()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._tried = threading.Event()  # set once the first attempt to listen succeeded or failed
+        self._stop = threading.Event()
+        #: Whether notices are heard now (False: the waiters' polling is all there is).
+        self.listening = False
+
+    def listen(self, topic: str, key: str | None, wake: Wake) -> Listening:
+        listening = self.subscribers.add(topic, key, wake)
+        with self._lock:
+            if self._thread is None and not self._stop.is_set():
+                self._thread = threading.Thread(target=self._run, name="mibyan-listen", daemon=True)
+                self._thread.start()
+        self._tried.wait(_LISTEN_WITHIN)
+        return listening
+
+    def _run(self) -> None:
+        failures = 0
+        while not self._stop.is_set():
+            try:
+                with psycopg.connect(self._url, autocommit=True, connect_timeout=10) as conn:
+                    for topic in TOPICS:
+                        conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(topic)))
+                    self.listening, failures = True, 0
+                    self._tried.set()
+                    self.subscribers.wake_all()
+                    while not self._stop.is_set():
+                        for notice in conn.notifies(timeout=_LISTEN_TICK):
+                            self.subscribers.deliver(notice.channel, notice.payload)
+            except psycopg.Error as exc:
+                if failures == 0:
+                    log.warning(
+                        "%s: not listening for notices (%s); looking again now and then",
+                        self._name,
+                        _reason(exc),
+                    )
+                failures += 1
+            self.listening = False
+            self._tried.set()
+            self.subscribers.wake_all()
+            self._stop.wait(_RELISTEN_AFTER)
+
+    def close(self) -> None:
+        self._stop.set()
+        with self._lock:
+            thread = self._thread
+        if thread is not None:
+            thread.join(_LISTEN_TICK * 4)
 
 
 def _reason(exc: psycopg.Error) -> str:

@@ -22,8 +22,9 @@ from typing import Any
 
 from mibyan.config.paths import private_dir
 from mibyan.store import sqlite_schema
-from mibyan.store.database import Dialect, StoreError, search_filters
+from mibyan.store.database import Connection, Dialect, StoreError, search_filters
 from mibyan.store.migrations import APPLIED_NAMES, CREATE_APPLIED_TABLE, RECORD_APPLIED
+from mibyan.store.notices import Listening, Subscribers, Wake
 
 DEFAULT_BUSY_TIMEOUT = 5.0
 
@@ -101,6 +102,8 @@ class SqliteDatabase:
         self.read_only = read_only
         self._busy_timeout = busy_timeout
         self._lock = threading.RLock()
+        self._subscribers = Subscribers()
+        self._announced: list[tuple[str, str]] = []  # by the transaction going on, to deliver at its commit
         try:
             self._db = self._connect_read_only() if read_only else self._connect()
         except sqlite3.DatabaseError as exc:
@@ -214,6 +217,10 @@ class SqliteDatabase:
             except BaseException:
                 self._rollback()
                 raise
+            finally:
+                announced, self._announced = self._announced, []
+            for topic, key in announced:  # committed: now they may look
+                self._subscribers.deliver(topic, key)
 
     def _rollback(self) -> None:
         if not self._db.in_transaction:
@@ -230,6 +237,13 @@ class SqliteDatabase:
         if "readonly" in text or self.read_only:
             return f"{self.path}: cannot save: the database is read-only ({text})"
         return f"{self.path}: {text}"
+
+    def announce(self, db: Connection, topic: str, key: str) -> None:
+        """Wake this process's listeners once the transaction commits (other processes look again)."""
+        self._announced.append((topic, key))
+
+    def listen(self, topic: str, key: str | None, wake: Wake) -> Listening:
+        return self._subscribers.add(topic, key, wake)
 
     def fenced(self, channel: str, owner: str, epoch: int) -> AbstractContextManager[None]:
         """No check: the gateways sharing a SQLite store are on one machine, ordered by its file locks."""

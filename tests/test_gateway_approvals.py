@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import openai
 import pytest
 from gatewaying import InProcessGateway, write_config
 from loopback import Reply, ScriptedServer, user_texts
@@ -234,3 +235,25 @@ def test_a_clarify_question_nobody_answers_lets_the_model_go_on_and_the_next_rep
     assert "Nobody answered" in server.requests[1].body["messages"][-1]["content"]
     assert later.startswith("Nobody answered my question within 0.2 s, so I went on without an answer.")
     assert "I painted it white." in later and later.endswith("Hello!")
+
+
+def test_an_answer_when_no_question_waits_is_refused_and_not_run(
+    gateway: InProcessGateway, server: ScriptedServer, build: Path
+) -> None:
+    server.add(CLEAN, Reply(text="The build folder is gone."))
+
+    with pytest.raises(openai.ConflictError) as before:  # nothing was asked yet
+        ask(gateway, "/approve", channel="lee")
+    ask(gateway, "clean the build folder", channel="lee")
+    assert text(ask(gateway, "/approve", channel="lee")) == "The build folder is gone."
+    with pytest.raises(openai.ConflictError) as after:  # answered already
+        ask(gateway, "/deny", channel="lee")
+
+    for refused in (before.value, after.value):
+        assert refused.status_code == 409
+        assert refused.body == {
+            "message": "nothing on the channel 'lee' is waiting for an answer",
+            "type": "invalid_request_error",
+            "code": "nothing_to_answer",
+        }
+    assert len(server.requests) == 2  # neither reached the model

@@ -136,6 +136,11 @@ def _held_first_call(server: ScriptedServer) -> threading.Event:
     return release
 
 
+def _log(home: Path) -> str:
+    path = home / "logs" / "gateway.log"
+    return path.read_text() if path.exists() else ""
+
+
 def _history(pg_url: str) -> list[tuple[str, Any]]:
     with SessionStore.at_url(pg_url) as store:
         sessions = [row for row in store.list_sessions() if row["source"] == "gateway"]
@@ -168,7 +173,8 @@ def test_one_idempotency_key_sent_to_two_gateways_makes_one_model_call(
     server: ScriptedServer, tmp_path: Path, pg_url: str
 ) -> None:
     release = _held_first_call(server)
-    homes = [_home(tmp_path, name, server, pg_url) for name in ("a", "b")]
+    # looking at the store once an hour: the second gateway can only hear of the reply through NOTIFY
+    homes = [_home(tmp_path, name, server, pg_url, poll_seconds=3600) for name in ("a", "b")]
     with RunningGateway(homes[0]) as a, RunningGateway(homes[1]) as b, ThreadPoolExecutor(2) as pool:
 
         def ask(gateway: RunningGateway) -> str:
@@ -182,7 +188,8 @@ def test_one_idempotency_key_sent_to_two_gateways_makes_one_model_call(
         first = pool.submit(ask, a)
         assert server.wait_for_requests(1)
         second = pool.submit(ask, b)  # sent while the first run's model call is in flight
-        release.set()
+        assert wait_until(lambda: "waiting for its reply" in _log(homes[1]), timeout=60)
+        release.set()  # the reply is recorded only now, while the second gateway waits
         assert first.result(timeout=120) == second.result(timeout=120) == "echo 1: only once, please"
     assert len(server.requests) == 1
 

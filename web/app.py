@@ -3,8 +3,10 @@
 `create_app(store, token=...)` builds the Starlette application behind the `Guard`. Pages are Jinja2
 templates with autoescape on; stored text reaches them only through the filters of `mibyan.web.text`.
 The store is opened read-only, so the viewer never takes a lock a running agent would wait on; a page
-reads with short queries and holds no transaction open. The live endpoint polls the session's newest
-messages by seq (an index lookup) and sends each new one as an HTML fragment (server-sent events).
+reads with short queries and holds no transaction open. The live endpoint reads the session's newest
+messages by seq (an index lookup) and sends each new one as an HTML fragment (server-sent events); it
+looks again when the store announces a message of that session (PostgreSQL's NOTIFY, from any process
+on any machine; SQLite's from this process only), else every `poll_interval`.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from starlette.staticfiles import StaticFiles
 
 from agent_state import SessionStore
 from mibyan.core.session_text import age, export_lines
+from mibyan.store.notices import MESSAGES, Waker
 from mibyan.web import live, transcript
 from mibyan.web.chart import token_chart
 from mibyan.web.guard import Guard
@@ -86,8 +89,15 @@ class Viewer:
         self.poll_interval = poll_interval
         self.page_size = page_size
         self.stopping = threading.Event()  # set: live streams end, so the server can stop at once
+        self._streams: set[Waker] = set()
         self.env = _environment(page_size)
         self._macros = self.env.get_template("_items.html").module
+
+    def stop(self) -> None:
+        """Any thread: end the live streams at once (the server is stopping)."""
+        self.stopping.set()
+        for waker in list(self._streams):
+            waker()
 
     def fragment(self, macro: str, *args: Any) -> str:
         """The HTML of one macro of _items.html (a message, a call's result) for a live update."""
@@ -166,19 +176,31 @@ class Viewer:
 
     async def _events(self, watch: live.Watch) -> AsyncIterator[str]:
         yield "retry: 1000\n\n"
-        quiet_since = time.monotonic()
-        while not self.stopping.is_set():
-            events = await run_in_threadpool(live.poll, self.store, self.fragment, watch)
-            for event in events:
-                yield event
-            if watch.over:
-                return
-            if events:
-                quiet_since = time.monotonic()
-            elif time.monotonic() - quiet_since > _HEARTBEAT:
-                yield ": still here\n\n"
-                quiet_since = time.monotonic()
-            await asyncio.sleep(self.poll_interval)
+        waker = Waker(asyncio.get_running_loop())
+        self._streams.add(waker)
+        # subscribed before the first look: a message stored between the look and the wait wakes it
+        listening = await run_in_threadpool(self.store.database.listen, MESSAGES, watch.session_id, waker)
+        try:
+            quiet_since = next_look = time.monotonic()
+            woken = True
+            while not self.stopping.is_set():
+                if woken or time.monotonic() >= next_look:  # a heartbeat's wakeup is not a look
+                    events = await run_in_threadpool(live.poll, self.store, self.fragment, watch)
+                    next_look = time.monotonic() + self.poll_interval
+                    for event in events:
+                        yield event
+                    if watch.over:
+                        return
+                    if events:
+                        quiet_since = time.monotonic()
+                if time.monotonic() - quiet_since >= _HEARTBEAT:
+                    yield ": still here\n\n"
+                    quiet_since = time.monotonic()
+                wait = min(next_look, quiet_since + _HEARTBEAT) - time.monotonic()
+                woken = await waker.wait(max(0.0, wait))
+        finally:
+            listening.close()
+            self._streams.discard(waker)
 
 
 async def _no_icon(request: Request) -> Response:
@@ -199,7 +221,8 @@ def create_app(
         store: the session store, opened read-only.
         token: what every request must carry (see `Guard`).
         cookie: the name of the cookie that carries it after the first visit.
-        poll_interval: seconds between two looks for new messages of a watched session.
+        poll_interval: seconds between two looks for new messages of a watched session, when the store
+            announced none sooner.
         page_size: messages per page of a transcript.
     """
     viewer = Viewer(store, poll_interval=poll_interval, page_size=page_size)

@@ -87,7 +87,7 @@ async def _serve(store: SessionStore, listener: socket.socket, host: str) -> int
         lifespan="off",
         timeout_graceful_shutdown=1,
     )
-    server = _Server(config, on_exit=app.state.viewer.stopping.set)
+    server = _Server(config, on_exit=app.state.viewer.stop)
     shown = f"[{host}]" if ":" in host else host
     task = asyncio.create_task(server.serve(sockets=[listener]))
     while not server.started and not task.done():

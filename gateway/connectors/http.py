@@ -47,7 +47,7 @@ from mibyan.gateway.connectors.throttle import AuthThrottle, peer_of
 from mibyan.gateway.ledger import Reply
 from mibyan.gateway.listener import ListenerLimits, server_config
 from mibyan.gateway.runner import Gateway
-from mibyan.gateway.work import Inbound, Outcome, ShuttingDown, UnknownAgent
+from mibyan.gateway.work import Inbound, NothingToAnswer, Outcome, ShuttingDown, UnknownAgent
 
 log = logging.getLogger("mibyan.gateway")
 
@@ -374,7 +374,10 @@ class HttpConnector:
 
 
 def _run_failure(exc: Exception) -> tuple[int, str, str]:
-    """Status, message and code for a run that raised: stopping (503), or a failure of ours (500)."""
+    """Status, message and code for a run that raised: an answer nothing waits for (409), stopping
+    (503), or a failure of ours (500)."""
+    if isinstance(exc, NothingToAnswer):
+        return 409, str(exc), "nothing_to_answer"
     if isinstance(exc, ShuttingDown):
         return 503, str(exc), "shutting_down"
     if isinstance(exc, MibyanError):  # the agent could not be built or stored (its log line has the cause)
@@ -385,7 +388,7 @@ def _run_failure(exc: Exception) -> tuple[int, str, str]:
 
 def _run_error(exc: Exception) -> JSONResponse:
     status, message, code = _run_failure(exc)
-    return error(status, message, "server_error", code)
+    return error(status, message, "invalid_request_error" if status < 500 else "server_error", code)
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
