@@ -6,8 +6,9 @@ while another live gateway holds it (woken by the notice of its release, else lo
 `gateway.lease_seconds`; after the run it is let go at once, so the other gateways' messages for the
 channel run next. Every write of the run is fenced by the lease's owner and epoch: a gateway that lost
 the channel (stopped, cut off) cannot write into it any more, and its run is interrupted. A channel whose
-gateway stopped renewing is claimed by another after the lease ran out, which first finishes the message
-the lost gateway left running.
+gateway stopped renewing is claimed by another after the lease ran out, at once when that gateway is
+gone (killed: the mark it holds while alive is let go), and the claimer first finishes the message the
+lost gateway left running.
 """
 
 from __future__ import annotations
@@ -64,6 +65,11 @@ class ChannelLeases:
         self.poll = poll
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._io = io
+        # marked alive before the first claim, so no other gateway reads this one's leases as left
+        self._alive = store.database.hold_alive(self.owner)
+
+    def close(self) -> None:
+        self._alive.close()
 
     async def _call(self, action: Callable[[], _T]) -> _T:
         return await asyncio.get_running_loop().run_in_executor(self._io, action)

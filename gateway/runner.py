@@ -163,7 +163,8 @@ class Gateway:
         if leases is None:
             return
         while True:
-            await asyncio.sleep(leases.seconds / 3)
+            # a gateway that died is seen at once (its alive mark is gone), one stopped at its lease's end
+            await asyncio.sleep(min(leases.seconds / 3, leases.poll))
             try:
                 entries = await leases.abandoned()
             except MibyanError as exc:  # the database away for a moment: look again next time
@@ -680,6 +681,8 @@ class Gateway:
         self._io.shutdown(wait=True)
         for instance in self.agents.values():
             instance.close()
+        if self.leases is not None:
+            self.leases.close()
         self.store.close()
 
 

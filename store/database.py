@@ -119,6 +119,12 @@ class Database(Protocol):
         every process's notices; SQLite only this process's, so a waiter also looks again now and then."""
         ...
 
+    def hold_alive(self, owner: str) -> Listening:
+        """Hold, until the returned handle is closed, a mark that this process (`owner`) is alive, which
+        the others see gone the moment it dies (PostgreSQL: a session advisory lock on a connection of
+        its own, let go by the server when the connection drops; see store/leases.py). SQLite: none."""
+        ...
+
     def close(self) -> None: ...
 
 

@@ -1,10 +1,12 @@
 """Channel leases: which gateway runs a channel now, when several share one database (DESIGN §16).
 
 A lease row per channel: its owner (one gateway process), an epoch that rises at every claim, and when it
-expires unless renewed. A claim is one upsert whose condition is checked on the row it locks (free,
-expired, or already the claimer's), never on a snapshot read before: two gateways claiming at once get
-one lease between them. The backend checks owner and epoch in every write transaction of a run
-(`Database.fenced`), so a gateway that lost its channel can never write into it again.
+expires unless renewed; a lease whose owner is gone (the advisory lock its process holds while it lives is
+free: it was killed, or cut off long enough for the server to drop it) is free at once. A claim is one
+upsert whose condition is checked on the row it locks (free, expired, gone, or already the claimer's),
+never on a snapshot read before: two gateways claiming at once get one lease between them. The backend
+checks owner and epoch in every write transaction of a run (`Database.fenced`), so a gateway that lost
+its channel can never write into it again.
 """
 
 from __future__ import annotations
@@ -15,11 +17,20 @@ from typing import Any
 from mibyan.store.database import Database, row_dict
 from mibyan.store.notices import LEASES
 
+#: The first key of the advisory locks that mark a gateway alive ("mbyn"); the second is hashtext(owner).
+ALIVE_LOCKS = 0x6D62796E
+
+#: A lease whose holder is gone: the advisory lock its process holds while alive (store/postgres.py's
+#: hold_alive) is not held by anyone. A hash shared by two owners only ever keeps a dead one "alive".
+_GONE = (
+    "NOT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 2"
+    f" AND classid = {ALIVE_LOCKS}::oid AND objid = hashtext({{owner}})::oid)"
+)
 _CLAIM = (
     "INSERT INTO gateway_leases (channel, owner, epoch, expires_at) VALUES (?, ?, 1, ?)"
     " ON CONFLICT (channel) DO UPDATE SET owner = excluded.owner, epoch = gateway_leases.epoch + 1,"
     " expires_at = excluded.expires_at WHERE gateway_leases.expires_at < ? OR gateway_leases.owner = ?"
-    " RETURNING epoch"
+    f" OR {_GONE.format(owner='gateway_leases.owner')} RETURNING epoch"
 )
 
 
@@ -69,11 +80,12 @@ class Leases:
         return [row_dict(r) for r in rows]
 
     def abandoned(self) -> list[dict[str, Any]]:
-        """Inbox rows left running on a channel whose lease ran out (its gateway died or was cut off),
-        oldest first."""
+        """Inbox rows left running on a channel whose lease ran out or whose holder is gone (its gateway
+        died, was stopped or cut off), oldest first."""
         rows = self._db.query(
             "SELECT i.* FROM gateway_inbox i JOIN gateway_leases l ON l.channel = i.channel"
-            " WHERE i.status = 'running' AND l.expires_at < ? ORDER BY i.id",
+            f" WHERE i.status = 'running' AND (l.expires_at < ? OR {_GONE.format(owner='l.owner')})"
+            " ORDER BY i.id",
             (time.time(),),
         )
         return [row_dict(r) for r in rows]

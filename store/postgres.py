@@ -28,6 +28,7 @@ from psycopg.rows import dict_row
 
 from mibyan.store import postgres_schema
 from mibyan.store.database import Connection, Dialect, LeaseLost, StoreError, search_filters
+from mibyan.store.leases import ALIVE_LOCKS
 from mibyan.store.migrations import APPLIED_NAMES, APPLIED_TABLE, RECORD_APPLIED
 from mibyan.store.notices import TOPICS, Listening, Subscribers, Wake
 
@@ -50,6 +51,8 @@ _LISTEN_WITHIN = 5.0
 _LISTEN_TICK = 0.25
 #: Seconds between two attempts to listen again after the connection was lost.
 _RELISTEN_AFTER = 2.0
+#: Seconds between two looks at whether the connection holding the alive mark is still up.
+_ALIVE_TICK = 2.0
 
 
 def is_postgres_url(url: str) -> bool:
@@ -313,6 +316,10 @@ class PostgresDatabase:
     def listen(self, topic: str, key: str | None, wake: Wake) -> Listening:
         return self._listener.listen(topic, key, wake)
 
+    def hold_alive(self, owner: str) -> Listening:
+        alive = _Alive(self.url, owner)
+        return Listening(alive.close)
+
     @contextmanager
     def fenced(self, channel: str, owner: str, epoch: int) -> Iterator[None]:
         _FENCED.lease = (channel, owner, epoch)
@@ -403,6 +410,41 @@ class _Listener:
             thread = self._thread
         if thread is not None:
             thread.join(_LISTEN_TICK * 4)
+
+
+class _Alive:
+    """A connection of its own holding `pg_advisory_lock(ALIVE_LOCKS, hashtext(owner))` while this process
+    lives: the server lets it go when the process dies, and store/leases.py reads a holder whose lock is
+    gone as gone. Taken before the constructor returns (or once tried); again if the connection drops."""
+
+    def __init__(self, url: str, owner: str) -> None:
+        self._url, self._owner = url, owner
+        self._stop = threading.Event()
+        self._tried = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="mibyan-alive", daemon=True)
+        self._thread.start()
+        self._tried.wait(_LISTEN_WITHIN)
+
+    def _run(self) -> None:
+        failures = 0
+        while not self._stop.is_set():
+            try:
+                with psycopg.connect(self._url, autocommit=True, connect_timeout=10) as conn:
+                    conn.execute("SELECT pg_advisory_lock(%s, hashtext(%s))", (ALIVE_LOCKS, self._owner))
+                    failures = 0
+                    self._tried.set()
+                    while not self._stop.wait(_ALIVE_TICK):
+                        conn.execute("SELECT 1")  # a dropped connection is found out, and taken again
+            except psycopg.Error as exc:
+                if failures == 0:
+                    log.warning("not marked alive (%s): trying again now and then", _reason(exc))
+                failures += 1
+            self._tried.set()
+            self._stop.wait(_RELISTEN_AFTER)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(_ALIVE_TICK * 2)
 
 
 def _reason(exc: psycopg.Error) -> str:

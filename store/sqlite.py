@@ -245,6 +245,10 @@ class SqliteDatabase:
     def listen(self, topic: str, key: str | None, wake: Wake) -> Listening:
         return self._subscribers.add(topic, key, wake)
 
+    def hold_alive(self, owner: str) -> Listening:
+        """Nothing to hold: no lease is kept in a SQLite store."""
+        return Listening(lambda: None)
+
     def fenced(self, channel: str, owner: str, epoch: int) -> AbstractContextManager[None]:
         """No check: the gateways sharing a SQLite store are on one machine, ordered by its file locks."""
         return nullcontext()

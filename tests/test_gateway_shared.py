@@ -108,6 +108,30 @@ def test_a_gateway_killed_mid_call_has_its_message_answered_once_by_the_other(
     assert len(server.requests) == 3  # the killed gateway's call, the other's for that message, the next
 
 
+def test_a_killed_gateways_channel_is_taken_over_at_once_not_at_its_leases_end(
+    server: ScriptedServer, tmp_path: Path, pg_url: str
+) -> None:
+    # an hour's lease: only the mark a live gateway holds, gone with the killed process, frees it sooner
+    release = _held_first_call(server)
+    homes = [_home(tmp_path, name, server, pg_url, lease_seconds=3600) for name in ("doomed", "other")]
+    with RunningGateway(homes[0]) as doomed, RunningGateway(homes[1]) as other:
+        asked = threading.Thread(target=_ask_ignoring_failure, args=(doomed, "still there?"))
+        asked.start()
+        assert server.wait_for_requests(1)
+        doomed.kill()
+        release.set()
+        asked.join(60)
+        assert _say_in_order(other, ["and after?"]) == ["echo 2: and after?"]
+        assert wait_until(lambda: len(_history(pg_url)) == 4 or None, timeout=60)
+    assert _history(pg_url) == [
+        ("user", "still there?"),
+        ("assistant", "echo 1: still there?"),
+        ("user", "and after?"),
+        ("assistant", "echo 2: and after?"),
+    ]
+    assert len(server.requests) == 3  # the killed gateway's call, the other's for that message, the next
+
+
 def _ask_ignoring_failure(gateway: RunningGateway, text: str, outcomes: list[str] | None = None) -> None:
     """Ask on the channel; `outcomes` gets "answered" or "failed" (a killed gateway's client fails)."""
     try:

@@ -252,6 +252,8 @@ def test_a_channel_lease_is_claimed_by_one_and_fences_the_writes_of_a_lost_holde
     with SessionStore.at_url(pg_url) as store:
         leases = store.leases
         assert leases is not None
+        # every holder is marked alive while it lives, as a gateway is (else its lease reads as left)
+        alive = {owner: store.database.hold_alive(owner) for owner in [*(f"gw{i}" for i in range(8)), "next"]}
         with ThreadPoolExecutor(8) as pool:  # eight claims at once: one lease between them
             epochs = list(pool.map(lambda i: leases.claim("a/http/team", f"gw{i}", 60), range(8)))
         assert [e for e in epochs if e is not None] == [1]
@@ -265,3 +267,8 @@ def test_a_channel_lease_is_claimed_by_one_and_fences_the_writes_of_a_lost_holde
             store.messages.append("s1", {"role": "assistant", "content": "too late"})
         assert store.load_messages("s1") == [{"role": "user", "content": "mine"}]
         assert not leases.renew("a/http/team", winner, 1, 60) and leases.renew("a/http/team", "next", 2, 60)
+        assert leases.claim("a/http/team", "late", 60) is None  # held for a minute more by a live holder
+        alive.pop("next").close()  # its process gone: its lease is free at once, its messages left
+        assert leases.claim("a/http/team", "late", 60) == 3
+        for mark in alive.values():
+            mark.close()
