@@ -81,15 +81,15 @@ class Ledger:
         self.store = store
 
     def record_inbound(
-        self, channel: str, message_key: str | None, request: dict[str, Any]
+        self, channel: str, message_key: str | None, request: dict[str, Any], admitted_by: str | None = None
     ) -> tuple[InboxEntry, bool]:
-        """Record a message before it is acknowledged.
+        """Record a message before it is acknowledged (`admitted_by`: this gateway's lease owner).
 
         Returns:
             The entry, and whether it is new (False: this channel already had this message key).
         """
         row, new = self.store.ledger.record_inbound(
-            channel, message_key, json.dumps(request, ensure_ascii=False)
+            channel, message_key, json.dumps(request, ensure_ascii=False), admitted_by
         )
         return inbox_entry(row), new
 

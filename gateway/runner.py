@@ -213,7 +213,10 @@ class Gateway:
         asked = pending is not None or asked_elsewhere is not None
         request = RunRequest(message.text, history, message.channel is None, asked)
         record = request.as_record()
-        entry, new = await self._ledger(lambda: self.ledger.record_inbound(key, message.message_key, record))
+        admitter = self.leases.owner if self.leases is not None else None
+        entry, new = await self._ledger(
+            lambda: self.ledger.record_inbound(key, message.message_key, record, admitter)
+        )
         if not new:
             reply = await self._ledger(lambda: self.ledger.reply_for(entry.id))
             if reply is not None:

@@ -81,11 +81,14 @@ class Leases:
 
     def abandoned(self) -> list[dict[str, Any]]:
         """Inbox rows left running on a channel whose lease ran out or whose holder is gone (its gateway
-        died, was stopped or cut off), oldest first."""
+        died, was stopped or cut off), and rows waiting their turn whose gateway is gone (killed with
+        them queued), oldest first."""
         rows = self._db.query(
-            "SELECT i.* FROM gateway_inbox i JOIN gateway_leases l ON l.channel = i.channel"
-            f" WHERE i.status = 'running' AND (l.expires_at < ? OR {_GONE.format(owner='l.owner')})"
-            " ORDER BY i.id",
+            "SELECT i.* FROM gateway_inbox i LEFT JOIN gateway_leases l ON l.channel = i.channel WHERE"
+            " (i.status = 'running' AND l.owner IS NOT NULL"
+            f" AND (l.expires_at < ? OR {_GONE.format(owner='l.owner')}))"
+            " OR (i.status = 'pending' AND i.admitted_by IS NOT NULL"
+            f" AND {_GONE.format(owner='i.admitted_by')}) ORDER BY i.id",
             (time.time(),),
         )
         return [row_dict(r) for r in rows]

@@ -24,9 +24,10 @@ class GatewayLedger:
         self._db = db
 
     def record_inbound(
-        self, channel: str, message_key: str | None, request: str
+        self, channel: str, message_key: str | None, request: str, admitted_by: str | None = None
     ) -> tuple[dict[str, Any], bool]:
-        """Record an inbound message (`request`: its JSON text) unless the channel has its key already.
+        """Record an inbound message (`request`: its JSON text) unless the channel has its key already;
+        `admitted_by` is the lease owner of the gateway taking it, where gateways share the store.
 
         Returns:
             The inbox row, and whether it is new (False: the row recorded before under that key).
@@ -35,9 +36,9 @@ class GatewayLedger:
             # one statement that yields to a row another process inserts at the same moment (two
             # gateways given one Idempotency-Key): it waits for that insert, then takes its row
             rows = db.execute(
-                "INSERT INTO gateway_inbox (channel, message_key, request, received_at) VALUES (?, ?, ?, ?)"
-                " ON CONFLICT DO NOTHING RETURNING *",
-                (channel, message_key, mask_secrets(request), time.time()),
+                "INSERT INTO gateway_inbox (channel, message_key, request, received_at, admitted_by)"
+                " VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING RETURNING *",
+                (channel, message_key, mask_secrets(request), time.time(), admitted_by),
             ).fetchall()
             if rows:
                 return row_dict(rows[0]), True

@@ -216,3 +216,10 @@ def _create_gateway_questions(db: psycopg.Connection[Any]) -> None:
         )""",
         "CREATE UNIQUE INDEX gateway_questions_one_open ON gateway_questions(channel) WHERE status = 'open'",
     )
+
+
+@migration
+def _inbox_rows_name_their_gateway(db: psycopg.Connection[Any]) -> None:
+    # The gateway that admitted a message (its lease owner), so the others answer the messages a killed
+    # gateway had queued but not started (store/leases.py).
+    _run(db, "ALTER TABLE gateway_inbox ADD COLUMN admitted_by TEXT")

@@ -177,3 +177,10 @@ def _create_model_calls(db: sqlite3.Connection) -> None:
         "CREATE INDEX model_calls_session ON model_calls(session_id)",
     ):
         db.execute(statement)
+
+
+@migration
+def _inbox_rows_name_their_gateway(db: sqlite3.Connection) -> None:
+    # The gateway that admitted a message (its lease owner; NULL on a store no gateways share), so the
+    # others answer the messages a killed gateway had queued but not started (store/leases.py).
+    db.execute("ALTER TABLE gateway_inbox ADD COLUMN admitted_by TEXT")

@@ -108,28 +108,42 @@ def test_a_gateway_killed_mid_call_has_its_message_answered_once_by_the_other(
     assert len(server.requests) == 3  # the killed gateway's call, the other's for that message, the next
 
 
-def test_a_killed_gateways_channel_is_taken_over_at_once_not_at_its_leases_end(
+def test_a_killed_gateways_messages_running_and_queued_are_answered_at_once_by_another(
     server: ScriptedServer, tmp_path: Path, pg_url: str
 ) -> None:
     # an hour's lease: only the mark a live gateway holds, gone with the killed process, frees it sooner
     release = _held_first_call(server)
     homes = [_home(tmp_path, name, server, pg_url, lease_seconds=3600) for name in ("doomed", "other")]
     with RunningGateway(homes[0]) as doomed, RunningGateway(homes[1]) as other:
-        asked = threading.Thread(target=_ask_ignoring_failure, args=(doomed, "still there?"))
-        asked.start()
+        asked = [
+            threading.Thread(target=_ask_ignoring_failure, args=(doomed, text))
+            for text in ("still there?", "and this one, queued behind it?")
+        ]
+        asked[0].start()
         assert server.wait_for_requests(1)
+        asked[1].start()
+
+        def unfinished() -> int:
+            with SessionStore.at_url(pg_url) as store:
+                return len(store.ledger.unfinished())
+
+        assert wait_until(lambda: unfinished() == 2 or None, timeout=60)  # the second one is queued
         doomed.kill()
         release.set()
-        asked.join(60)
-        assert _say_in_order(other, ["and after?"]) == ["echo 2: and after?"]
+        for thread in asked:
+            thread.join(60)
+        # nobody asks the other gateway anything: it answers both on its own, in order, once each
         assert wait_until(lambda: len(_history(pg_url)) == 4 or None, timeout=60)
+        assert _say_in_order(other, ["and after?"]) == ["echo 3: and after?"]
     assert _history(pg_url) == [
         ("user", "still there?"),
         ("assistant", "echo 1: still there?"),
+        ("user", "and this one, queued behind it?"),
+        ("assistant", "echo 2: and this one, queued behind it?"),
         ("user", "and after?"),
-        ("assistant", "echo 2: and after?"),
+        ("assistant", "echo 3: and after?"),
     ]
-    assert len(server.requests) == 3  # the killed gateway's call, the other's for that message, the next
+    assert len(server.requests) == 4  # the killed gateway's call, then the other's three
 
 
 def _ask_ignoring_failure(gateway: RunningGateway, text: str, outcomes: list[str] | None = None) -> None:
