@@ -155,12 +155,12 @@ def test_the_failure_nudge_goes_on_the_last_failing_call_of_a_batch_once(
 
 def running_with_arguments(*argv: str) -> list[int]:
     """Host pids of the processes whose command line is exactly `argv` (a sandbox's pids are its own)."""
-    wanted = "\0".join(argv) + "\0"
+    wanted = ("\0".join(argv) + "\0").encode()
     found = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
-            try:
-                if (entry / "cmdline").read_text() == wanted:
+            try:  # as bytes: another process's command line need not be UTF-8
+                if (entry / "cmdline").read_bytes() == wanted:
                     found.append(int(entry.name))
             except OSError:
                 continue
