@@ -96,3 +96,17 @@ def test_mibyans_own_files_never_change_through_a_known_writer(tmp_path: Path) -
     known = [w for w in WRITERS if not w.startswith(("sudo", "xxd", "ed "))]
     place = "~/.mibyan/config.yaml"
     assert [w for w in known if _tier(w.format(place), tmp_path) != "hardline"] == []
+
+
+@pytest.mark.parametrize("place", ["keys/authorized_keys", "dots/.bashrc", "dots/.ssh/authorized_keys"])
+def test_no_writer_reaches_such_a_place_through_a_link_in_the_project_unasked(
+    place: str, tmp_path: Path
+) -> None:
+    # links the model may plant (or the repository brings) towards the home: the write lands there
+    project, user_home = tmp_path / "project", tmp_path / "home"
+    (user_home / ".ssh").mkdir(parents=True)
+    project.mkdir()
+    (project / "keys").symlink_to(user_home / ".ssh")
+    (project / "dots").symlink_to(user_home)
+    unasked = [w.format(place) for w in WRITERS if _tier(w.format(place), tmp_path) == "safe"]
+    assert unasked == []

@@ -220,6 +220,9 @@ class CommandJudge:
             self._protected[path] = self._own.protected(path, cwd=os.path.dirname(path))
         return self._protected[path]
 
+    def real(self, path: Path) -> Path:
+        return Path(self._own.real(path, cwd=os.path.dirname(path)))
+
     def resolve(self, text: str) -> list[Path]:
         # the same words are resolved again and again (a write target: judged, then remembered); the
         # folders cd'd to only grow, so their number tells whether an earlier answer still holds

@@ -163,12 +163,14 @@ def _code_places(user_home: Path) -> tuple[str, ...]:
 
 
 def runs_by_itself(judge: Judge, path: Path) -> str | None:
-    """What `path` is when its content runs by itself later or grants access; None otherwise."""
+    """What `path` is when its content runs by itself later or grants access (through links as well);
+    None otherwise."""
     text = str(path)
-    if re.search(r"/\.git/(config$|hooks(/|$))", text):
-        return f"{_shown(text)}, which git runs"
-    if any(_within(text, place) for place in _code_places(judge.user_home)):
-        return f"{_shown(text)}, which runs by itself later or grants access"
+    for where in dict.fromkeys((text, str(_real(judge, path)))):
+        if re.search(r"/\.git/(config$|hooks(/|$))", where):
+            return f"{_shown(text)}, which git runs"
+        if any(_within(where, place) for place in _code_places(judge.user_home)):
+            return f"{_shown(text)}, which runs by itself later or grants access"
     if judge.protected(path) is not None:
         return f"{_shown(text)}, one of mibyan's own files"
     return None
@@ -218,11 +220,19 @@ def judge_path_write(judge: Judge, text: str, action: str) -> Verdict:
                 "hardline", "can crash or restart the machine at once (/proc/sysrq-trigger)", "power"
             )
     for path in paths:
-        if _sensitive(path, judge.user_home):
+        # through a link as well: `echo k >> keys/authorized_keys` where keys -> ~/.ssh
+        if _sensitive(path, judge.user_home) or _sensitive(_real(judge, path), judge.user_home):
             return Verdict(
                 "dangerous", f"{action} a system, start-up or login file ({_shown(text)})", "sensitive_write"
             )
     return SAFE
+
+
+def _real(judge: Judge, path: Path) -> Path:
+    try:
+        return judge.real(path)
+    except RuntimeError:  # a loop of links: nothing is written through it
+        return path
 
 
 def judge_write_word(judge: Judge, word: Word, action: str, *, cwd_unknown: bool) -> Verdict:

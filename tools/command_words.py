@@ -110,6 +110,11 @@ class Judge(Protocol):
         """The absolute paths a static path may mean (relative ones against every directory cd'd to)."""
         ...
 
+    def real(self, path: Path) -> Path:
+        """The absolute `path` with its links followed as far as they exist (a link in the project
+        towards `~/.ssh` is where it leads)."""
+        ...
+
 
 def combine(verdicts: Iterable[Verdict]) -> Verdict:
     """The verdict of several findings: the first hardline one, else every distinct dangerous kind joined.

@@ -97,6 +97,10 @@ class OwnFiles:
         # a name that is no link ends where its folder does (and a loop of links there has been refused)
         return real_path(path) if os.path.islink(inside) else inside
 
+    def real(self, path: str | os.PathLike[str], *, cwd: str | os.PathLike[str]) -> str:
+        """`path` (relative to `cwd`) with its links followed as far as they exist."""
+        return self._resolved(path, cwd)
+
     def protected(self, path: str | os.PathLike[str], *, cwd: str | os.PathLike[str]) -> str | None:
         """Why a write to `path` is refused, or None when it is not one of mibyan's own files."""
         target = self._resolved(path, cwd)
