@@ -134,3 +134,20 @@ def test_a_computed_word_that_may_be_a_known_program_is_read_as_the_command_it_m
     tmp_path: Path,
 ) -> None:
     assert _tier('mywrapper "$(echo rm)" -rf /', tmp_path) == "hardline"
+
+
+def test_deleting_through_a_link_in_the_project_to_the_root_or_the_home_is_hardline(tmp_path: Path) -> None:
+    project, user_home = tmp_path / "project", tmp_path / "home"
+    project.mkdir()
+    user_home.mkdir()
+    (project / "dots").symlink_to(user_home)
+    (project / "top").symlink_to("/")
+    policy = JudgePolicy(home=user_home / ".mibyan")
+
+    def tier(command: str) -> str:
+        return judge(command, policy, cwd=project, user_home=user_home).tier
+
+    followed = ["rm -rf dots/", "rm -rf dots/*", "rm -rf top/", "rm -rf top/*", "find dots/ -delete"]
+    assert [c for c in followed if tier(c) != "hardline"] == []
+    # without the slash only the link itself goes: asked about, as any rm -r is, not refused
+    assert [tier("rm -rf dots"), tier("rm -rf top")] == ["dangerous", "dangerous"]

@@ -95,13 +95,21 @@ def broad_target(judge: Judge, word: Word) -> str | None:
     for path in judge.resolve(text):
         if is_broad(path, judge.user_home):
             return str(path)
+        # a link in the project towards `/` or the home, named with a slash (`rm -rf dots/`: the link
+        # is followed; without one only the link goes)
+        real = _real(judge, path) if text.endswith("/") else path
+        if real != path and is_broad(real, judge.user_home):
+            return f"{path} ({real})"
         if word.pattern:
             for folder in (*SYSTEM_DIRS, str(judge.user_home)):
                 if fnmatch.fnmatchcase(folder, str(path).rstrip("/")):
                     return folder
             parent, last = str(path.parent), path.name
-            if _ALL_OF_A_FOLDER.match(last) and "*" in last and is_broad(Path(parent), judge.user_home):
-                return parent
+            if _ALL_OF_A_FOLDER.match(last) and "*" in last:
+                if is_broad(Path(parent), judge.user_home):
+                    return parent
+                if is_broad(_real(judge, Path(parent)), judge.user_home):
+                    return f"{parent} ({_real(judge, Path(parent))})"
     return None
 
 
