@@ -188,49 +188,37 @@ class ChatCore:
     ) -> None:
         previous, mine = turn
         try:
-            await self._answer(run, where, message_id, key, sender, note, previous)
+            typing = asyncio.create_task(self._keep_typing(where.conversation))
+            try:
+                outcome = await run
+            except ShuttingDown:
+                return  # left pending in the ledger: the next start runs it
+            except Exception as exc:  # the runner logged it; the user hears it failed
+                outcome = Outcome(0, "", "", {}, error=str(exc) or type(exc).__name__)
+            finally:
+                typing.cancel()
+                await self.platform.typing(where.conversation, False)
+                if note is not None:
+                    await note.finish()  # the summary of what ran goes above the answer
+            if previous is not None:
+                await asyncio.shield(previous)  # the channel's earlier message is answered first
+            if outcome.interrupted:
+                if outcome.inbox_id and self.gateway._accepting:  # a /stop, not the gateway stopping
+                    await self.gateway._ledger(
+                        functools.partial(self.gateway.ledger.set_status, outcome.inbox_id, "failed")
+                    )
+                    await self._send_all(where, "Stopped.", message_id, inbox_id=None)
+                return
+            approvals = self.gateway.approvals
+            pending = approvals.pending(key) if approvals is not None else None
+            if pending is not None and pending.inbox_id == outcome.inbox_id and sender is not None:
+                self._askers[key] = sender
+            text = outcome.text if outcome.error is None else f"Sorry, that failed: {outcome.error}"
+            await self._send_all(where, text or "(no answer)", message_id, outcome.inbox_id or None)
         finally:
-            mine.set_result(None)
+            mine.set_result(None)  # the channel's next reply may go
             if self._last_reply.get(key) is mine:
                 del self._last_reply[key]
-
-    async def _answer(
-        self,
-        run: asyncio.Future[Outcome],
-        where: Destination,
-        message_id: str,
-        key: str,
-        sender: str | None,
-        note: ProgressNote | None,
-        previous: asyncio.Future[None] | None,
-    ) -> None:
-        typing = asyncio.create_task(self._keep_typing(where.conversation))
-        try:
-            outcome = await run
-        except ShuttingDown:
-            return  # left pending in the ledger: the next start runs it
-        except Exception as exc:  # the runner logged it; the user hears it failed
-            outcome = Outcome(0, "", "", {}, error=str(exc) or type(exc).__name__)
-        finally:
-            typing.cancel()
-            await self.platform.typing(where.conversation, False)
-            if note is not None:
-                await note.finish()  # the summary of what ran goes above the answer
-        if previous is not None:
-            await asyncio.shield(previous)  # the channel's earlier message is answered first
-        if outcome.interrupted:
-            if outcome.inbox_id and self.gateway._accepting:  # a /stop, not the gateway stopping
-                await self.gateway._ledger(
-                    functools.partial(self.gateway.ledger.set_status, outcome.inbox_id, "failed")
-                )
-                await self._send_all(where, "Stopped.", message_id, inbox_id=None)
-            return
-        approvals = self.gateway.approvals
-        pending = approvals.pending(key) if approvals is not None else None
-        if pending is not None and pending.inbox_id == outcome.inbox_id and sender is not None:
-            self._askers[key] = sender
-        text = outcome.text if outcome.error is None else f"Sorry, that failed: {outcome.error}"
-        await self._send_all(where, text or "(no answer)", message_id, outcome.inbox_id or None)
 
     async def _keep_typing(self, conversation: str) -> None:
         while True:
