@@ -176,10 +176,10 @@ class Elsewhere:
         return Outcome(entry.id, str(row["asking"]), str(row["session_id"]), {})
 
     async def _asker_gone(self, channel: str, asked_by: dict[str, Any]) -> bool:
-        """Whether the gateway whose run asked lost the channel: another holds it, or its lease ran out
-        unrenewed (one let go on purpose, at the run's end, is its own still)."""
+        """Whether the gateway whose run asked lost the channel: another holds it, its lease ran out
+        unrenewed (one let go on purpose, at the run's end, is its own still), or it is gone (killed)."""
         holder = await self._call(lambda: self.leases.holder(channel))
         if holder is None or holder["owner"] != asked_by["owner"]:
             return True
         expires = float(holder["expires_at"])
-        return 0 < expires < time.time()
+        return 0 < expires < time.time() or await self._call(lambda: self.leases.gone(holder["owner"]))

@@ -67,6 +67,11 @@ class Leases:
             )
             self._db.announce(db, LEASES, channel)
 
+    def gone(self, owner: str) -> bool:
+        """Whether the gateway `owner` is gone: its process no longer holds its alive mark."""
+        rows = self._db.query(f"SELECT {_GONE.format(owner='?')} AS gone", (owner,))
+        return bool(rows[0]["gone"])
+
     def holder(self, channel: str) -> dict[str, Any] | None:
         """The channel's lease row (owner, epoch, expires_at), or None when it was never claimed."""
         rows = self._db.query("SELECT * FROM gateway_leases WHERE channel = ?", (channel,))
