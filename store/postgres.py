@@ -16,7 +16,7 @@ import re
 import threading
 import time
 import unicodedata
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any, cast
 from urllib.parse import urlsplit, urlunsplit
@@ -379,30 +379,32 @@ class _Listener:
         return listening
 
     def _run(self) -> None:
-        failures = 0
-        while not self._stop.is_set():
-            try:
-                with psycopg.connect(self._url, autocommit=True, connect_timeout=10) as conn:
-                    for topic in TOPICS:
-                        conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(topic)))
-                    self.listening, failures = True, 0
-                    self._tried.set()
-                    self.subscribers.wake_all()
-                    while not self._stop.is_set():
-                        for notice in conn.notifies(timeout=_LISTEN_TICK):
-                            self.subscribers.deliver(notice.channel, notice.payload)
-            except psycopg.Error as exc:
-                if failures == 0:
-                    log.warning(
-                        "%s: not listening for notices (%s); looking again now and then",
-                        self._name,
-                        _reason(exc),
-                    )
-                failures += 1
-            self.listening = False
-            self._tried.set()
+        def setup(conn: psycopg.Connection[Any]) -> None:
+            for topic in TOPICS:
+                conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(topic)))
+            self.listening = True
             self.subscribers.wake_all()
-            self._stop.wait(_RELISTEN_AFTER)
+
+        def hold(conn: psycopg.Connection[Any]) -> None:
+            while not self._stop.is_set():
+                for notice in conn.notifies(timeout=_LISTEN_TICK):
+                    self.subscribers.deliver(notice.channel, notice.payload)
+
+        def lost() -> None:
+            self.listening = False
+            self.subscribers.wake_all()
+
+        _keep_connected(
+            self._url,
+            self._stop,
+            self._tried,
+            setup,
+            hold,
+            lost,
+            failing=lambda reason: log.warning(
+                "%s: not listening for notices (%s); looking again now and then", self._name, reason
+            ),
+        )
 
     def close(self) -> None:
         self._stop.set()
@@ -426,25 +428,56 @@ class _Alive:
         self._tried.wait(_LISTEN_WITHIN)
 
     def _run(self) -> None:
-        failures = 0
-        while not self._stop.is_set():
-            try:
-                with psycopg.connect(self._url, autocommit=True, connect_timeout=10) as conn:
-                    conn.execute("SELECT pg_advisory_lock(%s, hashtext(%s))", (ALIVE_LOCKS, self._owner))
-                    failures = 0
-                    self._tried.set()
-                    while not self._stop.wait(_ALIVE_TICK):
-                        conn.execute("SELECT 1")  # a dropped connection is found out, and taken again
-            except psycopg.Error as exc:
-                if failures == 0:
-                    log.warning("not marked alive (%s): trying again now and then", _reason(exc))
-                failures += 1
-            self._tried.set()
-            self._stop.wait(_RELISTEN_AFTER)
+        def setup(conn: psycopg.Connection[Any]) -> None:
+            conn.execute("SELECT pg_advisory_lock(%s, hashtext(%s))", (ALIVE_LOCKS, self._owner))
+
+        def hold(conn: psycopg.Connection[Any]) -> None:
+            while not self._stop.wait(_ALIVE_TICK):
+                conn.execute("SELECT 1")  # a dropped connection is found out, and taken again
+
+        _keep_connected(
+            self._url,
+            self._stop,
+            self._tried,
+            setup,
+            hold,
+            lambda: None,
+            failing=lambda reason: log.warning("not marked alive (%s): trying again now and then", reason),
+        )
 
     def close(self) -> None:
         self._stop.set()
         self._thread.join(_ALIVE_TICK * 2)
+
+
+def _keep_connected(
+    url: str,
+    stop: threading.Event,
+    tried: threading.Event,
+    setup: Callable[[psycopg.Connection[Any]], None],
+    hold: Callable[[psycopg.Connection[Any]], None],
+    lost: Callable[[], None],
+    *,
+    failing: Callable[[str], None],
+) -> None:
+    """A connection of its own, until `stop`: `setup` once connected, then `hold` while it lasts; when it
+    is lost (or cannot be made) `lost()`, and connected again a moment later. `tried` is set once the
+    first attempt succeeded or failed; a failure is told (`failing(reason)`) once until one works."""
+    failures = 0
+    while not stop.is_set():
+        try:
+            with psycopg.connect(url, autocommit=True, connect_timeout=10) as conn:
+                setup(conn)
+                failures = 0
+                tried.set()
+                hold(conn)
+        except psycopg.Error as exc:
+            if failures == 0:
+                failing(_reason(exc))
+            failures += 1
+        tried.set()
+        lost()
+        stop.wait(_RELISTEN_AFTER)
 
 
 def _reason(exc: psycopg.Error) -> str:
