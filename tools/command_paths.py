@@ -108,8 +108,9 @@ def broad_target(judge: Judge, word: Word) -> str | None:
             if _ALL_OF_A_FOLDER.match(last) and "*" in last:
                 if is_broad(Path(parent), judge.user_home):
                     return parent
-                if is_broad(_real(judge, Path(parent)), judge.user_home):
-                    return f"{parent} ({_real(judge, Path(parent))})"
+                real_parent = _real(judge, Path(parent))
+                if is_broad(real_parent, judge.user_home):
+                    return f"{parent} ({real_parent})"
     return None
 
 
