@@ -317,6 +317,9 @@ class History:
         self._messages: list[Message] = list(messages or [])
         self._sink = sink
         self._expected: deque[str] = deque()
+        #: it obeys the rules (but for calls still expecting results): repaired, then only appended
+        #: to through the rules, or cut before a user message. Until then repair() reads it all.
+        self._mended = not self._messages
         self._recount_expected()
 
     @property
@@ -367,13 +370,18 @@ class History:
         self._messages.append(message)
 
     def repair(self) -> list[str]:
-        """Mend a history that breaks the rules, persist the mended one, and say what changed."""
+        """Mend a history that breaks the rules, persist the mended one, and say what changed.
+
+        A history mended once is not read again: everything since came through append's rules."""
+        if self._mended and not self._expected:
+            return []
         fixed, notes = repair_history(self._messages)
         if notes:
             if self._sink is not None:
                 self._sink.replace_messages(fixed)
             self._messages = fixed
             self._recount_expected()
+        self._mended = True
         return notes
 
     def undo_last_turn(self) -> str | None:

@@ -72,7 +72,7 @@ class TokenEstimator:
         self, messages: list[Message], system_prompt: str = "", tools: Sequence[ToolSchema] = ()
     ) -> float:
         chars = len(system_prompt) + sum(_message_chars(m) for m in messages)
-        chars += sum(len(t.name) + len(t.description) + len(json.dumps(t.parameters)) for t in tools)
+        chars += sum(t.chars for t in tools)
         return chars / _CHARS_PER_TOKEN + _MESSAGE_OVERHEAD * (len(messages) + 1)
 
     def estimate(

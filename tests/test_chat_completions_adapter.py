@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from recorded import Collect, Replay, load_cassette
 
-from mibyan.agent.adapters.base import CallHandle, WireRequest
+from mibyan.agent.adapters.base import CallHandle, EncodedList, WireRequest, encode_body
 from mibyan.agent.adapters.chat_completions import ChatCompletionsAdapter
 from mibyan.agent.messages import assistant_message, tool_message, user_message
 from mibyan.core.errors import ProviderError
@@ -172,3 +174,36 @@ def test_reasoning_content_is_captured_from_the_stream() -> None:
     )
     assert reply.reasoning == "think hard" and events.reasoning == ["think ", "hard"]
     assert reply.content == "42"
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+    max_leaves=8,
+)
+
+
+@given(
+    before=st.dictionaries(st.text(max_size=6), _JSON, max_size=4),
+    tools=st.lists(st.dictionaries(st.text(max_size=6), _JSON, max_size=3), max_size=3),
+)
+def test_a_body_with_its_tools_encoded_once_is_the_body_encoded_whole(before: dict, tools: list) -> None:
+    """An agent's tools are encoded once and put in every request as text: what goes out parses to the
+    very body, whatever else it holds (text needing escapes included)."""
+    body = {**before, "tools": EncodedList(tools)}
+    assert json.loads(encode_body(body)) == json.loads(json.dumps(body))
+
+
+def test_the_tools_of_an_agent_are_encoded_once_for_all_its_requests() -> None:
+    schemas = [ToolSchema("read", "Read a file «here»", {"type": "object", "properties": {}})]
+    adapter = ChatCompletionsAdapter()
+    bodies = [
+        adapter.build_request(
+            WireRequest(model="m", system_prompt="s", messages=[user_message(t)], tools=schemas)
+        )
+        for t in ("one", "two")
+    ]
+    assert bodies[0]["tools"] is bodies[1]["tools"]
+    sent = json.loads(encode_body(bodies[1]))
+    assert sent["tools"][0]["function"]["description"] == "Read a file «here»"
+    assert sent["messages"][-1]["content"] == "two"

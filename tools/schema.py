@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 
@@ -13,3 +15,9 @@ class ToolSchema:
     name: str
     description: str
     parameters: dict[str, Any]
+
+    @cached_property
+    def chars(self) -> int:
+        """The characters it adds to a request (name, description, its parameters as JSON), for the
+        token estimates made several times a turn: a schema outlives its requests, so it is sized once."""
+        return len(self.name) + len(self.description) + len(json.dumps(self.parameters))

@@ -13,6 +13,29 @@ from mibyan.core.errors import ProviderError
 from mibyan.tools.schema import ToolSchema
 
 
+class EncodedList(list):  # type: ignore[type-arg]
+    """A part of a request body that is the same in many requests (an agent's tools), with its JSON text
+    made once: `encode_body` puts the text in rather than encoding the part again."""
+
+    def __init__(self, items: list[Any]) -> None:
+        super().__init__(items)
+        self.encoded = _encode(items)
+
+
+def _encode(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def encode_body(body: dict[str, Any]) -> bytes:
+    """The request body as the JSON bytes sent; its EncodedList parts are put in as they were encoded."""
+    kept = {key: value for key, value in body.items() if isinstance(value, EncodedList)}
+    if not kept or len(kept) == len(body):
+        return _encode(body).encode()
+    text = _encode({key: value for key, value in body.items() if key not in kept})
+    parts = "".join(f",{_encode(key)}:{value.encoded}" for key, value in kept.items())
+    return (text[:-1] + parts + "}").encode()
+
+
 @dataclass
 class Usage:
     """Token counts of one call, or summed over many. `input_tokens` includes cached ones."""
@@ -210,7 +233,7 @@ class WireAdapter(ABC):
         """
         import httpx2
 
-        content = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+        content = encode_body(body)
         options = self.request_options(timeout)
         if not stream:
             data = client.post(self.path, cast_to=object, content=content, options=options)

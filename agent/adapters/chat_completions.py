@@ -11,6 +11,7 @@ import uuid
 from typing import Any
 
 from mibyan.agent.adapters.base import (
+    EncodedList,
     NormalizedResponse,
     StreamEvents,
     Usage,
@@ -38,14 +39,31 @@ def wire_message(message: Message) -> dict[str, Any]:
     return {key: value for key, value in message.items() if key not in _PRIVATE_KEYS}
 
 
-def wire_tools(tools: list[ToolSchema]) -> list[dict[str, Any]]:
-    return [
-        {
-            "type": "function",
-            "function": {"name": t.name, "description": t.description, "parameters": t.parameters},
-        }
-        for t in tools
-    ]
+#: The wire form of the tool lists sent lately, by the schemas' identity (they hold the schemas, so an
+#: identity is not reused while it is kept); an agent's tools are the same list in every request.
+_WIRE_TOOLS: dict[tuple[int, ...], tuple[tuple[ToolSchema, ...], EncodedList]] = {}
+_WIRE_TOOLS_KEPT = 64
+
+
+def wire_tools(tools: list[ToolSchema]) -> EncodedList:
+    """The tools as Chat Completions takes them, encoded once per list of schemas."""
+    key = tuple(id(t) for t in tools)
+    known = _WIRE_TOOLS.get(key)
+    if known is not None:
+        return known[1]
+    wire = EncodedList(
+        [
+            {
+                "type": "function",
+                "function": {"name": t.name, "description": t.description, "parameters": t.parameters},
+            }
+            for t in tools
+        ]
+    )
+    if len(_WIRE_TOOLS) >= _WIRE_TOOLS_KEPT:  # tool lists that change (MCP refreshes) do not pile up
+        _WIRE_TOOLS.clear()
+    _WIRE_TOOLS[key] = (tuple(tools), wire)
+    return wire
 
 
 def parse_usage(raw: Any) -> Usage:
