@@ -29,7 +29,7 @@ from mibyan.store.messages import Messages
 from mibyan.store.questions import Questions
 from mibyan.store.search import Search
 from mibyan.store.sessions import Lineage, Sessions
-from mibyan.store.sqlite import SqliteDatabase, busy_timeout_from_environment
+from mibyan.store.sqlite import SqliteDatabase, busy_timeout_from_environment, open_sqlite
 from mibyan.store.sqlite_schema import MIGRATIONS
 from mibyan.store.todos import Todos
 
@@ -109,7 +109,10 @@ class SessionStore:
         self.read_only = read_only
         if database is None:
             wait = busy_timeout if busy_timeout is not None else busy_timeout_from_environment()
-            database = SqliteDatabase(path, read_only=read_only, busy_timeout=wait)
+            if read_only:
+                database = SqliteDatabase(path, read_only=True, busy_timeout=wait)
+            else:
+                database = open_sqlite(path, busy_timeout=wait)
         self.database: Database = database
         self._closed = False
         db = self.database

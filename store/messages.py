@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
+import weakref
+from collections import OrderedDict
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, cast
 
@@ -15,10 +18,14 @@ from mibyan.store.sessions import insert_session
 if TYPE_CHECKING:
     from mibyan.agent.messages import Message
 
-_INSERT = (
-    "INSERT INTO messages (session_id, seq, role, content, tool_calls, tool_call_id, name, reasoning,"
-    " provider_data, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-)
+_COLUMNS = (
+    "session_id", "seq", "role", "content", "tool_calls", "tool_call_id", "name", "reasoning",
+    "provider_data", "created_at",
+)  # fmt: skip
+_INSERT = f"INSERT INTO messages ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' for _ in _COLUMNS)})"
+#: What a session's row says of its messages: every write of them, by any process, changes it (one more
+#: message, or a new updated_at), so a history read when the row said this is the one stored while it does.
+_VERSION = "SELECT message_count, updated_at FROM sessions WHERE id = ?"
 #: The columns a viewer shows (provider data, which may be large, left out).
 _SHOWN = "id, seq, role, content, tool_calls, tool_call_id, name, reasoning, created_at"
 # A session that ended (a one-shot's) and is written to again (resumed) has not ended; a compressed one
@@ -82,11 +89,78 @@ def _message_values(session_id: str, seq: int, typed: Message, now: float) -> tu
     )
 
 
+Version = tuple[Any, Any]
+
+
+class _Histories:
+    """The histories one database's stores in this process read or wrote lately, each with its session's
+    version (see _VERSION) at the time: a gateway opens a channel's session at each of its messages, and
+    reading the whole history again each time was most of what storing cost. At most `kept` messages in
+    all; the sessions used least lately go first."""
+
+    def __init__(self, kept: int = 20_000) -> None:
+        self._lock = threading.Lock()
+        self._sessions: OrderedDict[str, tuple[Version, list[Message]]] = OrderedDict()
+        self._size = 0
+        self._kept = kept
+
+    def get(self, session_id: str, version: Version) -> list[Message] | None:
+        with self._lock:
+            known = self._sessions.get(session_id)
+            if known is None or known[0] != version:
+                return None
+            self._sessions.move_to_end(session_id)
+            return [cast("Message", dict(m)) for m in known[1]]  # the caller's to change
+
+    def put(self, session_id: str, version: Version, messages: list[Message]) -> None:
+        with self._lock:
+            self._forget(session_id)
+            self._sessions[session_id] = (version, messages)
+            self._size += len(messages)
+            while self._size > self._kept and len(self._sessions) > 1:
+                self._forget(next(iter(self._sessions)))
+
+    def extend(self, session_id: str, before: Version, after: Version, message: Message) -> None:
+        """`message` was stored after the history as it was at `before`, which made it `after`."""
+        with self._lock:
+            known = self._sessions.get(session_id)
+            if known is None:
+                return
+            if known[0] != before:  # written meanwhile by what this process did not see
+                self._forget(session_id)
+                return
+            known[1].append(message)
+            self._sessions[session_id] = (after, known[1])
+            self._size += 1
+
+    def forget(self, session_id: str) -> None:
+        with self._lock:
+            self._forget(session_id)
+
+    def _forget(self, session_id: str) -> None:
+        known = self._sessions.pop(session_id, None)
+        if known is not None:
+            self._size -= len(known[1])
+
+
+_HISTORIES: weakref.WeakKeyDictionary[Database, _Histories] = weakref.WeakKeyDictionary()
+_HISTORIES_LOCK = threading.Lock()
+
+
+def _histories_of(db: Database) -> _Histories:
+    with _HISTORIES_LOCK:
+        histories = _HISTORIES.get(db)
+        if histories is None:
+            histories = _HISTORIES[db] = _Histories()
+        return histories
+
+
 class Messages:
     """The `messages` table: a session's history in `seq` order, secrets masked as it is written."""
 
     def __init__(self, db: Database) -> None:
         self._db = db
+        self._histories = _histories_of(db)
 
     def append(self, session_id: str, message: Message, *, create: dict[str, Any] | None = None) -> None:
         """Insert one final message and bump the session's counters, in one transaction.
@@ -98,12 +172,16 @@ class Messages:
         with self._db.transaction() as db:
             if create is not None:
                 insert_session(db, session_id, create)
-            row = db.execute("SELECT message_count FROM sessions WHERE id = ?", (session_id,)).fetchone()
+            row = db.execute(_VERSION, (session_id,)).fetchone()
             if row is None:
                 raise StoreError(f"no session {session_id!r}")
-            db.execute(_INSERT, _message_values(session_id, row["message_count"], message, now))
+            values = _message_values(session_id, row["message_count"], message, now)
+            db.execute(_INSERT, values)
             self._bump(db, "message_count + 1", now, session_id)
             self._db.announce(db, MESSAGES, session_id)  # a viewer's live page shows it
+            stored = _row_to_message(dict(zip(_COLUMNS, values, strict=True)))
+            before = (row["message_count"], row["updated_at"])
+            self._histories.extend(session_id, before, (row["message_count"] + 1, now), stored)
 
     def replace(
         self, session_id: str, messages: list[Message], *, create: dict[str, Any] | None = None
@@ -117,6 +195,7 @@ class Messages:
             db.executemany(_INSERT, [_message_values(session_id, i, m, now) for i, m in enumerate(messages)])
             self._bump(db, str(len(messages)), now, session_id)
             self._db.announce(db, MESSAGES, session_id)
+            self._histories.forget(session_id)
 
     @staticmethod
     def _bump(db: Connection, count: str, now: float, session_id: str) -> None:
@@ -128,8 +207,19 @@ class Messages:
 
     def load(self, session_id: str) -> list[Message]:
         """The session's messages in order, in the dict form of DESIGN §3."""
+        found = self._db.query(_VERSION, (session_id,))
+        version = (found[0]["message_count"], found[0]["updated_at"]) if found else None
+        if version is not None:
+            known = self._histories.get(session_id, version)
+            if known is not None:
+                return known
+        # read after the version: a write between the two makes the version kept older than the rows,
+        # so the next load reads them again (never the other way round)
         rows = self._db.query("SELECT * FROM messages WHERE session_id = ? ORDER BY seq", (session_id,))
-        return [_row_to_message(r) for r in rows]
+        messages = [_row_to_message(r) for r in rows]
+        if version is not None:
+            self._histories.put(session_id, version, [cast("Message", dict(m)) for m in messages])
+        return messages
 
     def rows(self, session_id: str, start: int, stop: int | None = None) -> list[dict[str, Any]]:
         """The stored rows of the messages with a seq from `start` to `stop` (excluded; None: the last),

@@ -82,6 +82,31 @@ def busy_timeout_from_environment() -> float:
     return seconds
 
 
+_SHARED: dict[tuple[str, float, int], SqliteDatabase] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+def open_sqlite(path: Path, *, busy_timeout: float) -> SqliteDatabase:
+    """The writable database at `path`, shared by every store of this process that opens it (a gateway's
+    runs, an agent's subagents): one connection, opened and migrated once; each user closes it.
+
+    A file that is no longer the one opened (a home removed and made again) is opened anew, and a
+    child process (fork) never uses its parent's connection.
+
+    Raises:
+        StoreError: as SqliteDatabase.
+    """
+    key = (str(path), busy_timeout, os.getpid())
+    with _SHARED_LOCK:
+        database = _SHARED.get(key)
+        if database is not None and database._is_at(path):
+            database._users += 1
+            return database
+        database = _SHARED[key] = SqliteDatabase(path, read_only=False, busy_timeout=busy_timeout)
+        database._shared_as = key
+        return database
+
+
 class SqliteDatabase:
     """One SQLite file, thread-safe; several processes may use it at once.
 
@@ -104,6 +129,8 @@ class SqliteDatabase:
         self._lock = threading.RLock()
         self._subscribers = Subscribers()
         self._announced: list[tuple[str, str]] = []  # by the transaction going on, to deliver at its commit
+        self._users = 1  # the stores using it (`open_sqlite` shares one per file in a process)
+        self._shared_as: tuple[str, float, int] | None = None
         try:
             self._db = self._connect_read_only() if read_only else self._connect()
         except sqlite3.DatabaseError as exc:
@@ -125,6 +152,8 @@ class SqliteDatabase:
         self._db.execute("PRAGMA foreign_keys = ON")
         self._retry_while_locked(self._enable_wal)
         self._migrate()
+        opened = os.stat(self.path)
+        self._file = (opened.st_dev, opened.st_ino)
         return self._db
 
     def _connect_read_only(self) -> sqlite3.Connection:
@@ -149,7 +178,22 @@ class SqliteDatabase:
         assert last is not None
         raise last
 
+    def _is_at(self, path: Path) -> bool:
+        """The file at `path` is still the one this connection opened."""
+        try:
+            now = os.stat(path)
+        except OSError:
+            return False
+        return (now.st_dev, now.st_ino) == self._file
+
     def close(self) -> None:
+        """Let it go; the last of its users closes the connection."""
+        with _SHARED_LOCK:
+            self._users -= 1
+            if self._users > 0:
+                return
+            if self._shared_as is not None and _SHARED.get(self._shared_as) is self:
+                del _SHARED[self._shared_as]
         with self._lock:
             self._db.close()
 

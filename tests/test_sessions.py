@@ -451,3 +451,73 @@ def test_continue_turn_goes_on_from_the_stored_turn_without_a_new_user_message(
         assert again.continue_turn()["final_response"] == "there you are"
     assert len(server.requests) == 2
     assert [m["content"] for m in server.requests[1].body["messages"][1:]] == ["are you there?"]
+
+
+_OTHER_PROCESS_WRITES = """
+import sys
+from agent_state import SessionStore
+store = SessionStore.open(__import__("pathlib").Path(sys.argv[1]))
+if sys.argv[2] == "append":
+    store.messages.append("s-known", {"role": "assistant", "content": "from the other process"})
+else:  # as many messages as before, other words: only the session's updated_at tells
+    rewritten = [{"role": "user", "content": "rewritten"}, {"role": "assistant", "content": "too"}]
+    store.messages.replace("s-known", rewritten)
+store.close()
+"""
+
+
+@pytest.mark.usefixtures("backend")
+def test_a_history_read_again_is_what_any_process_stored_since(home: Path) -> None:
+    """A process keeps the histories it read (a gateway reads a channel's at each message): what another
+    process appended, or rewrote to as many messages, is read, never the history kept from before."""
+    store = SessionStore.open(home)
+    try:
+        store.messages.append("s-known", {"role": "user", "content": "hi"}, create={"source": "python"})
+        assert [m["content"] for m in store.messages.load("s-known")] == ["hi"]
+        for step, expected in (
+            ("append", ["hi", "from the other process"]),
+            ("replace", ["rewritten", "too"]),
+        ):
+            subprocess.run(
+                [sys.executable, "-c", _OTHER_PROCESS_WRITES, str(home), step],
+                cwd=ROOT,
+                check=True,
+                timeout=60,
+            )
+            assert [m["content"] for m in store.messages.load("s-known")] == expected
+        # what this process appends is read back as stored (masked), and a copy the caller may change
+        store.messages.append("s-known", {"role": "user", "content": "key sk-proj-abcdefghijklmnopqrstuvwx"})
+        loaded = store.messages.load("s-known")
+        assert "abcdefghijklmnopqrstuvwx" not in loaded[-1]["content"]
+        loaded[0]["content"] = "changed by the caller"
+        assert store.messages.load("s-known")[0]["content"] == "rewritten"
+    finally:
+        store.close()
+
+
+def test_the_stores_of_one_process_share_one_connection_to_the_home(home: Path) -> None:
+    """A gateway opens a store at each run: one connection in all, opened once, and still good for the
+    stores open when another closes; a home removed and made again is opened anew."""
+
+    def connections() -> int:
+        return sum(
+            1
+            for fd in Path("/proc/self/fd").iterdir()
+            if os.path.realpath(fd) == str((home / "state.db").resolve())
+        )
+
+    stores = [SessionStore.open(home) for _ in range(5)]
+    assert connections() == 1
+    stores[0].messages.append("s-shared", {"role": "user", "content": "hi"}, create={"source": "python"})
+    for store in stores[:-1]:
+        store.close()
+    assert [m["content"] for m in stores[-1].messages.load("s-shared")] == ["hi"]
+    (home / "state.db").unlink()
+    again = SessionStore.open(home)
+    try:
+        assert again.messages.load("s-shared") == []
+        assert again.sessions.get("s-shared") is None
+    finally:
+        again.close()
+        stores[-1].close()
+    assert connections() == 0
