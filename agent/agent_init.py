@@ -281,7 +281,9 @@ def prepare_runs(options: AgentOptions) -> None:
     adapter_for(runtime.api_mode, settings).stream_class()
     window = context_window(settings, runtime, home)
     load_engine(settings, window, TokenEstimator(), _never_asked)  # its module, a custom one's too
-    build_client(runtime, settings).close()
+    client = build_client(runtime, settings)
+    client.platform_headers()  # what the SDK asks the system once (a subprocess among it) at its first call
+    client.close()
 
 
 def _runtime(settings: AgentSettings, options: AgentOptions, home: Path) -> ProviderRuntime:

@@ -168,7 +168,7 @@ async def _serve(settings: AgentSettings, home: Path, say: Say, stop_with: StopW
             say(f"warning: agent {instance.id}: {warning}")
             log.warning("agent %s: %s", instance.id, warning)
     # each agent's code and its model's window, loaded and asked while the connectors start
-    warming = asyncio.gather(*(asyncio.to_thread(i.warm) for i in gateway.agents.values()))
+    warming = gateway.warm()
     for connector in connectors:
         await connector.start()
         say(f"{connector.name} ({connector.kind}) on {connector.url}")

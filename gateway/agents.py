@@ -45,6 +45,9 @@ def workspace_of(home: Path, agent_id: str) -> Path:
     return home / "agents" / agent_id
 
 
+_UNREADABLE = re.compile(r"[^a-z0-9_-]+")
+
+
 def channel_memory_of(home: Path, channel: str) -> Path:
     """`$MIBYAN_HOME/channels/<agent id>/<name>/`: what an agent has learnt of one channel's user.
 
@@ -54,7 +57,7 @@ def channel_memory_of(home: Path, channel: str) -> Path:
     key, so two channels never share a folder however alike their names are.
     """
     agent_id, _, rest = channel.partition("/")
-    readable = re.sub(r"[^a-z0-9_-]+", "-", rest.lower()).strip("-")[:48] or "channel"
+    readable = _UNREADABLE.sub("-", rest.lower()).strip("-")[:48] or "channel"
     digest = hashlib.sha256(channel.encode()).hexdigest()[:16]
     return home / "channels" / agent_id / f"{readable}-{digest}"
 
@@ -321,6 +324,10 @@ class AgentInstance:
         prepare_runs(self.options())
         self.mcp_connections()
         self.runs_sandbox()
+        prepare_workspace(self.workspace)
+        # one run's agent built and closed, as each message's is: what building reads and makes once
+        # (its tools' schemas, its prompt's files, the store's connection) is there for the first
+        self.build(session_id=None, unasked="", channel=f"{self.id}/", one_off=True).close()
 
     def mcp_connections(self) -> McpConnections:
         """The MCP servers all of this agent's runs share: started once (with its first run, in the

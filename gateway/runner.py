@@ -15,7 +15,7 @@ import dataclasses
 import functools
 import logging
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -656,6 +656,13 @@ class Gateway:
                 cwd=str(instance.workdir),
             )
             agent.reload_prompt()
+
+    def warm(self) -> Awaitable[object]:
+        """Each agent's runs prepared (AgentInstance.warm), on the threads its runs and the ledger use,
+        which so are there for the first message."""
+        loop = asyncio.get_running_loop()
+        warming = [loop.run_in_executor(self._pool, instance.warm) for instance in self.agents.values()]
+        return asyncio.gather(*warming, loop.run_in_executor(self._io, lambda: None))
 
     async def drain(self) -> None:
         """Take no new work; let running turns finish within shutdown_grace, then interrupt them."""
