@@ -377,7 +377,7 @@ def open_session(agent: AIAgent, session_id: str | None, *, source: str) -> None
         if newest != session_id:
             session_id, row = newest, store.sessions.get(newest)
         agent.prompt.text = (row or {}).get("system_prompt") or None
-        messages = store.messages.load(session_id)
+        messages = store.messages.load(session_id, shared=True)  # History never changes one in place
 
     def meta() -> dict[str, Any]:
         runtime = agent.provider.runtime  # read at call time: after a failover it is the fallback

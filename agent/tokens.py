@@ -11,6 +11,7 @@ import json
 from collections.abc import Sequence
 
 from mibyan.agent.messages import Message, tool_calls_of
+from mibyan.core.by_identity import ByIdentity
 from mibyan.tools.schema import ToolSchema
 
 _CHARS_PER_TOKEN = 4.0
@@ -62,6 +63,10 @@ def _message_chars(message: Message) -> int:
     return size + len((message.get("reasoning") if message["role"] == "assistant" else None) or "")
 
 
+#: each message sized once: a history is estimated several times a turn, its messages never change
+_MESSAGE_CHARS: ByIdentity[Message, int] = ByIdentity(_message_chars)
+
+
 class TokenEstimator:
     """Estimates request sizes and learns from the provider's reported usage."""
 
@@ -71,7 +76,7 @@ class TokenEstimator:
     def raw_estimate(
         self, messages: list[Message], system_prompt: str = "", tools: Sequence[ToolSchema] = ()
     ) -> float:
-        chars = len(system_prompt) + sum(_message_chars(m) for m in messages)
+        chars = len(system_prompt) + sum(_MESSAGE_CHARS(m) for m in messages)
         chars += sum(t.chars for t in tools)
         return chars / _CHARS_PER_TOKEN + _MESSAGE_OVERHEAD * (len(messages) + 1)
 

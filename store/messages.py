@@ -105,12 +105,13 @@ class _Histories:
         self._kept = kept
 
     def get(self, session_id: str, version: Version) -> list[Message] | None:
+        """The history kept at `version` (a list of the caller's own; the messages are shared)."""
         with self._lock:
             known = self._sessions.get(session_id)
             if known is None or known[0] != version:
                 return None
             self._sessions.move_to_end(session_id)
-            return [cast("Message", dict(m)) for m in known[1]]  # the caller's to change
+            return list(known[1])
 
     def put(self, session_id: str, version: Version, messages: list[Message]) -> None:
         with self._lock:
@@ -205,20 +206,24 @@ class Messages:
             (now, session_id),
         )
 
-    def load(self, session_id: str) -> list[Message]:
-        """The session's messages in order, in the dict form of DESIGN §3."""
+    def load(self, session_id: str, *, shared: bool = False) -> list[Message]:
+        """The session's messages in order, in the dict form of DESIGN §3: copies the caller may change,
+        or with `shared` the very messages this process keeps, for a caller that never changes a message
+        in place (History, whose messages are never changed once made)."""
         found = self._db.query(_VERSION, (session_id,))
         version = (found[0]["message_count"], found[0]["updated_at"]) if found else None
         if version is not None:
             known = self._histories.get(session_id, version)
             if known is not None:
-                return known
+                return known if shared else [cast("Message", dict(m)) for m in known]
         # read after the version: a write between the two makes the version kept older than the rows,
         # so the next load reads them again (never the other way round)
         rows = self._db.query("SELECT * FROM messages WHERE session_id = ? ORDER BY seq", (session_id,))
         messages = [_row_to_message(r) for r in rows]
         if version is not None:
-            self._histories.put(session_id, version, [cast("Message", dict(m)) for m in messages])
+            self._histories.put(session_id, version, messages)
+            if not shared:
+                return [cast("Message", dict(m)) for m in messages]
         return messages
 
     def rows(self, session_id: str, start: int, stop: int | None = None) -> list[dict[str, Any]]:

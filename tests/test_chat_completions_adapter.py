@@ -205,5 +205,18 @@ def test_the_tools_of_an_agent_are_encoded_once_for_all_its_requests() -> None:
     ]
     assert bodies[0]["tools"] is bodies[1]["tools"]
     sent = json.loads(encode_body(bodies[1]))
+    assert sent == json.loads(json.dumps(bodies[1]))  # the text kept is what the parts say
     assert sent["tools"][0]["function"]["description"] == "Read a file «here»"
-    assert sent["messages"][-1]["content"] == "two"
+    assert [m["content"] for m in sent["messages"]] == ["s", "two"]
+    # a history's messages are encoded once, and a message made anew is encoded anew
+    history = [user_message("hi"), assistant_message("hello \u2028 «there»"), user_message("again")]
+    first = adapter.build_request(WireRequest(model="m", system_prompt="", messages=history, tools=[]))
+    again = adapter.build_request(
+        WireRequest(model="m", system_prompt="", messages=[*history[:2], user_message("new")], tools=[])
+    )
+    assert first["messages"][1] is again["messages"][1]
+    assert [m["content"] for m in json.loads(encode_body(again))["messages"]] == [
+        "hi",
+        "hello \u2028 «there»",
+        "new",
+    ]

@@ -17,12 +17,13 @@ class EncodedList(list):  # type: ignore[type-arg]
     """A part of a request body that is the same in many requests (an agent's tools), with its JSON text
     made once: `encode_body` puts the text in rather than encoding the part again."""
 
-    def __init__(self, items: list[Any]) -> None:
+    def __init__(self, items: list[Any], encoded: str | None = None) -> None:
         super().__init__(items)
-        self.encoded = _encode(items)
+        self.encoded = encode_json(items) if encoded is None else encoded
 
 
-def _encode(value: Any) -> str:
+def encode_json(value: Any) -> str:
+    """`value` as the JSON text of a request body (compact, not ASCII-escaped)."""
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
@@ -30,9 +31,9 @@ def encode_body(body: dict[str, Any]) -> bytes:
     """The request body as the JSON bytes sent; its EncodedList parts are put in as they were encoded."""
     kept = {key: value for key, value in body.items() if isinstance(value, EncodedList)}
     if not kept or len(kept) == len(body):
-        return _encode(body).encode()
-    text = _encode({key: value for key, value in body.items() if key not in kept})
-    parts = "".join(f",{_encode(key)}:{value.encoded}" for key, value in kept.items())
+        return encode_json(body).encode()
+    text = encode_json({key: value for key, value in body.items() if key not in kept})
+    parts = "".join(f",{encode_json(key)}:{value.encoded}" for key, value in kept.items())
     return (text[:-1] + parts + "}").encode()
 
 

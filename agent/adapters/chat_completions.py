@@ -17,9 +17,11 @@ from mibyan.agent.adapters.base import (
     Usage,
     WireAdapter,
     WireRequest,
+    encode_json,
     malformed,
 )
 from mibyan.agent.messages import Message, ToolCall
+from mibyan.core.by_identity import ByIdentity
 from mibyan.core.errors import ProviderError
 from mibyan.tools.schema import ToolSchema
 
@@ -37,6 +39,28 @@ _FINISH_REASONS = {
 def wire_message(message: Message) -> dict[str, Any]:
     """The message as Chat Completions takes it: our private keys left out."""
     return {key: value for key, value in message.items() if key not in _PRIVATE_KEYS}
+
+
+def _wire_and_text(message: Message) -> tuple[dict[str, Any], str]:
+    wire = wire_message(message)
+    return wire, encode_json(wire)
+
+
+#: each message of a history in its wire form and JSON text, made once: a history is sent whole at
+#: every request, and its messages are never changed once made
+_WIRED: ByIdentity[Message, tuple[dict[str, Any], str]] = ByIdentity(_wire_and_text)
+
+
+def wire_messages(system_prompt: str | None, messages: list[Message]) -> EncodedList:
+    """The request's messages as Chat Completions takes them, the system prompt first, with their text."""
+    wired = [_WIRED(m) for m in messages]
+    items = [wire for wire, _ in wired]
+    texts = [text for _, text in wired]
+    if system_prompt:
+        system = {"role": "system", "content": system_prompt}
+        items.insert(0, system)
+        texts.insert(0, encode_json(system))
+    return EncodedList(items, encoded="[" + ",".join(texts) + "]")
 
 
 #: The wire form of the tool lists sent lately, by the schemas' identity (they hold the schemas, so an
@@ -191,10 +215,7 @@ class ChatCompletionsAdapter(WireAdapter):
     path = "/chat/completions"
 
     def build_request(self, request: WireRequest) -> dict[str, Any]:
-        wire: list[dict[str, Any]] = []
-        if request.system_prompt:
-            wire.append({"role": "system", "content": request.system_prompt})
-        wire.extend(wire_message(m) for m in request.messages)
+        wire = wire_messages(request.system_prompt, request.messages)
         body: dict[str, Any] = {"model": request.model, "messages": wire, "stream": request.stream}
         if request.tools:
             body["tools"] = wire_tools(request.tools)
