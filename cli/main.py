@@ -278,6 +278,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     if argv is not None:
         return run_command(argv)
+    from mibyan.core.lean_imports import leave_out_unused
+
+    leave_out_unused()  # the program's own process: what its libraries would import and it never uses
     try:
         code = run_command(None)
     except SystemExit as exc:  # argparse's --help, --version and usage errors

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from mibyan.config.gateway import Connector as ConnectorSettings
 from mibyan.core.errors import ConfigError
+from mibyan.core.lean_imports import take_back
 
 if TYPE_CHECKING:
     from mibyan.gateway.connectors.base import Connector
@@ -21,6 +22,13 @@ _KINDS: dict[str, tuple[str, str, str | None]] = {
     "email": ("email", "EmailConnector", None),
     "xmpp": ("xmpp", "XmppConnector", "xmpp"),  # slixmpp
 }
+#: What a kind's library imports that the `mibyan` program otherwise leaves out (core/lean_imports.py).
+_NEEDS = {"matrix": ("aiohttp",), "xmpp": ("aiohttp",)}
+
+
+def take_back_for(kind: str) -> None:
+    """Before a kind's library is imported: what it needs that the program left out, back."""
+    take_back(_NEEDS.get(kind, ()))
 
 
 def make_connector(settings: ConnectorSettings, gateway: Gateway) -> Connector:
@@ -30,6 +38,7 @@ def make_connector(settings: ConnectorSettings, gateway: Gateway) -> Connector:
         ConfigError: the entry cannot be served as configured (one line saying what to change).
     """
     module_name, class_name, extra = _KINDS[settings.kind]
+    take_back_for(settings.kind)
     try:
         module = importlib.import_module(f"mibyan.gateway.connectors.{module_name}")
     except ImportError as exc:

@@ -6,11 +6,13 @@ import os
 
 from mibyan.config.gateway import Connector as ConnectorSettings
 from mibyan.core.errors import ConfigError
+from mibyan.gateway.connectors import take_back_for
 
 
 def check_chat_connector(settings: ConnectorSettings, env: dict[str, str] | os._Environ[str]) -> None:
     """ConfigError (one line) when a chat connector lacks what it needs to start (`allow`, its secret)."""
     if settings.kind == "matrix":
+        take_back_for("matrix")
         try:
             from mibyan.gateway.connectors.matrix_api import check_matrix
         except ImportError as exc:
