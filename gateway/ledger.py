@@ -119,9 +119,10 @@ class Ledger:
         """Messages that were recorded but not answered (queued or cut off by a stop), oldest first."""
         return [inbox_entry(r) for r in self.store.ledger.unfinished()]
 
-    def undelivered(self, within: float) -> list[Reply]:
-        """Replies recorded but never sent; those older than `within` seconds are marked stale instead."""
-        return [_reply(r) for r in self.store.ledger.undelivered(time.time() - within)]
+    def undelivered(self, within: float, before: float) -> list[Reply]:
+        """Replies recorded before `before` (this run's start) but never sent; those older than `within`
+        seconds are marked stale instead."""
+        return [_reply(r) for r in self.store.ledger.undelivered(time.time() - within, before)]
 
     def forget_finished(self, older_than: float = KEEP_FINISHED) -> int:
         """Delete messages finished (answered and sent, stale or failed) more than `older_than` seconds

@@ -14,6 +14,7 @@ import asyncio
 import dataclasses
 import functools
 import logging
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -86,6 +87,8 @@ class Gateway:
         self.settings = settings
         self.home = home
         self.agents = {entry.id: AgentInstance(entry, settings, home) for entry in settings.agents}
+        #: when this run began: the replies recorded before it, and not sent, are a previous run's
+        self.started = time.time()
         self.store = SessionStore.open(home)
         self.ledger = Ledger(self.store)
         limit = settings.gateway.max_concurrent
@@ -178,9 +181,10 @@ class Gateway:
                 self._enqueue(entry, RunRequest.from_record(entry.request), instance)
 
     async def undelivered(self) -> list[Reply]:
-        """Replies recorded but not sent before the last stop; older ones are marked stale, not returned."""
+        """Replies recorded but not sent before the last stop; older ones are marked stale, not returned.
+        A reply this run recorded is not among them, sent or not: its own run is sending it."""
         window = self.settings.gateway.redeliver_within
-        return await self._ledger(lambda: self.ledger.undelivered(window))
+        return await self._ledger(lambda: self.ledger.undelivered(window, self.started))
 
     async def submit(
         self,

@@ -108,15 +108,19 @@ class GatewayLedger:
         )
         return [row_dict(r) for r in rows]
 
-    def undelivered(self, recorded_after: float) -> list[dict[str, Any]]:
-        """Outbox rows still pending, oldest first; those recorded before `recorded_after` are marked
-        stale first, and left out."""
+    def undelivered(self, recorded_after: float, recorded_before: float) -> list[dict[str, Any]]:
+        """Outbox rows still pending that were recorded before `recorded_before` (a run's start: what the
+        run records itself, it sends itself), oldest first; those recorded before `recorded_after` are
+        marked stale first, and left out."""
         with self._db.transaction() as db:
             db.execute(
                 "UPDATE gateway_outbox SET status = 'stale' WHERE status = 'pending' AND created_at < ?",
                 (recorded_after,),
             )
-        rows = self._db.query("SELECT * FROM gateway_outbox WHERE status = 'pending' ORDER BY id")
+        rows = self._db.query(
+            "SELECT * FROM gateway_outbox WHERE status = 'pending' AND created_at < ? ORDER BY id",
+            (recorded_before,),
+        )
         return [row_dict(r) for r in rows]
 
     def forget_finished(self, received_before: float) -> int:

@@ -6,6 +6,7 @@ import dataclasses
 import socket
 import subprocess
 import sys
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -162,20 +163,32 @@ def test_a_request_the_ledger_kept_runs_as_it_arrived(ledger: Ledger) -> None:
 def test_a_reply_is_pending_until_sent(ledger: Ledger) -> None:
     entry, _ = ledger.record_inbound("meepa/api/alice", "k-1", {"text": "hi"})
     ledger.record_reply(entry, "hello", "s1", {"input_tokens": 1})
+    started = time.time()  # a run starting now: the reply is a previous run's
 
-    [pending] = ledger.undelivered(within=600)
+    [pending] = ledger.undelivered(within=600, before=started)
     ledger.mark_sent(entry.id)
 
     assert (pending.text, pending.session_id) == ("hello", "s1")
-    assert ledger.undelivered(within=600) == []
+    assert ledger.undelivered(within=600, before=started) == []
     assert ledger.unfinished() == []
+
+
+def test_a_reply_recorded_by_the_run_itself_is_not_redelivered_at_its_start(ledger: Ledger) -> None:
+    """A message answered while the gateway starts (resumed, or arrived by a chat connector) is sent by
+    its own run: sending it again from the redelivery of a previous run's replies was a second reply."""
+    started = time.time()
+    entry, _ = ledger.record_inbound("meepa/mail/alice", "m-1", {"text": "hi"})
+    ledger.record_reply(entry, "hello", "s1", {})
+
+    assert ledger.undelivered(within=600, before=started) == []
+    assert [r.text for r in ledger.undelivered(within=600, before=time.time() + 1)] == ["hello"]
 
 
 def test_a_reply_older_than_the_redelivery_window_is_marked_stale_not_sent(ledger: Ledger) -> None:
     entry, _ = ledger.record_inbound("meepa/api/alice", None, {"text": "hi"})
     ledger.record_reply(entry, "too late", "s1", {})
 
-    assert ledger.undelivered(within=0) == []
+    assert ledger.undelivered(within=0, before=time.time() + 1) == []
     reply = ledger.reply_for(entry.id)
     assert reply is not None and reply.status == "stale"
 
