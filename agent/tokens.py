@@ -64,7 +64,7 @@ def _message_chars(message: Message) -> int:
 
 
 #: each message sized once: a history is estimated several times a turn, its messages never change
-_MESSAGE_CHARS: ByIdentity[Message, int] = ByIdentity(_message_chars)
+_MESSAGE_CHARS: ByIdentity[Message, int] = ByIdentity(_message_chars, weigh=lambda chars: chars + 100)
 
 
 class TokenEstimator:

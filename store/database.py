@@ -91,6 +91,8 @@ class Database(Protocol):
     """One open database: reads, write transactions, and the dialect its SQL needs."""
 
     dialect: Dialect
+    #: Where it is (a file's path, a URL without its password): what names it in this process.
+    name: str
     #: Read only (a home that cannot be written): writes fail with a StoreError.
     read_only: bool
 

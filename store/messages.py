@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import threading
 import time
-import weakref
 from collections import OrderedDict
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, cast
@@ -92,15 +91,28 @@ def _message_values(session_id: str, seq: int, typed: Message, now: float) -> tu
 Version = tuple[Any, Any]
 
 
-class _Histories:
-    """The histories one database's stores in this process read or wrote lately, each with its session's
-    version (see _VERSION) at the time: a gateway opens a channel's session at each of its messages, and
-    reading the whole history again each time was most of what storing cost. At most `kept` messages in
-    all; the sessions used least lately go first."""
+def _weight(typed: Message) -> int:
+    """About the memory a kept message holds, in characters."""
+    message: Mapping[str, Any] = typed
+    size = sum(
+        len(message.get(key) or "")
+        for key in ("content", "reasoning")
+        if not isinstance(message.get(key), list)
+    )
+    for call in message.get("tool_calls") or ():
+        size += len(call.get("function", {}).get("arguments") or "")
+    return size + 100
 
-    def __init__(self, kept: int = 20_000) -> None:
+
+class _Histories:
+    """The histories the stores of one database in this process read or wrote lately, each with its
+    session's version (see _VERSION) at the time: a gateway opens a channel's session at each of its
+    messages, and reading the whole history again each time was most of what storing cost. They hold at
+    most `kept` characters in all; the sessions used least lately go first."""
+
+    def __init__(self, kept: int = 32_000_000) -> None:
         self._lock = threading.Lock()
-        self._sessions: OrderedDict[str, tuple[Version, list[Message]]] = OrderedDict()
+        self._sessions: OrderedDict[str, tuple[Version, list[Message], int]] = OrderedDict()
         self._size = 0
         self._kept = kept
 
@@ -116,10 +128,10 @@ class _Histories:
     def put(self, session_id: str, version: Version, messages: list[Message]) -> None:
         with self._lock:
             self._forget(session_id)
-            self._sessions[session_id] = (version, messages)
-            self._size += len(messages)
-            while self._size > self._kept and len(self._sessions) > 1:
-                self._forget(next(iter(self._sessions)))
+            weight = sum(_weight(m) for m in messages)
+            self._sessions[session_id] = (version, messages, weight)
+            self._size += weight
+            self._make_room()
 
     def extend(self, session_id: str, before: Version, after: Version, message: Message) -> None:
         """`message` was stored after the history as it was at `before`, which made it `after`."""
@@ -131,28 +143,40 @@ class _Histories:
                 self._forget(session_id)
                 return
             known[1].append(message)
-            self._sessions[session_id] = (after, known[1])
-            self._size += 1
+            weight = _weight(message)
+            self._sessions[session_id] = (after, known[1], known[2] + weight)
+            self._size += weight
+            self._make_room()
 
     def forget(self, session_id: str) -> None:
         with self._lock:
             self._forget(session_id)
 
+    def _make_room(self) -> None:
+        while self._size > self._kept and self._sessions:
+            self._forget(next(iter(self._sessions)))
+
     def _forget(self, session_id: str) -> None:
         known = self._sessions.pop(session_id, None)
         if known is not None:
-            self._size -= len(known[1])
+            self._size -= known[2]
 
 
-_HISTORIES: weakref.WeakKeyDictionary[Database, _Histories] = weakref.WeakKeyDictionary()
+#: by database (its dialect and name: the connections of one file share them), the latest few
+_HISTORIES: OrderedDict[tuple[str, str], _Histories] = OrderedDict()
 _HISTORIES_LOCK = threading.Lock()
+_DATABASES_KEPT = 8
 
 
 def _histories_of(db: Database) -> _Histories:
+    key = (db.dialect.name, db.name)
     with _HISTORIES_LOCK:
-        histories = _HISTORIES.get(db)
+        histories = _HISTORIES.get(key)
         if histories is None:
-            histories = _HISTORIES[db] = _Histories()
+            histories = _HISTORIES[key] = _Histories()
+            while len(_HISTORIES) > _DATABASES_KEPT:
+                _HISTORIES.popitem(last=False)
+        _HISTORIES.move_to_end(key)
         return histories
 
 

@@ -107,14 +107,19 @@ def open_sqlite(path: Path, *, busy_timeout: float) -> SqliteDatabase:
         return database
 
 
+def _busy(exc: sqlite3.OperationalError) -> bool:
+    """Another process holds a lock this one needs (a try later may find it free)."""
+    return "locked" in str(exc) or "busy" in str(exc)
+
+
 class SqliteDatabase:
     """One SQLite file, thread-safe; several processes may use it at once.
 
     Args:
         path: the database file (created 0600, its folder 0700).
         read_only: open for reading only (a home that cannot be written): nothing is created or migrated.
-        busy_timeout: seconds one attempt waits for another process's write lock (three attempts, then a
-            StoreError).
+        busy_timeout: a third of the seconds a write waits for another process's write lock (tried again
+            with back-off, then a StoreError).
 
     Raises:
         StoreError: the file is corrupt, not a database, or cannot be opened; it is never overwritten.
@@ -124,6 +129,7 @@ class SqliteDatabase:
 
     def __init__(self, path: Path, *, read_only: bool, busy_timeout: float) -> None:
         self.path = path
+        self.name = str(path)
         self.read_only = read_only
         self._busy_timeout = busy_timeout
         self._lock = threading.RLock()
@@ -152,6 +158,9 @@ class SqliteDatabase:
         self._db.execute("PRAGMA foreign_keys = ON")
         self._retry_while_locked(self._enable_wal)
         self._migrate()
+        # from now on no busy timeout of SQLite's: the stores of the process share the connection, and a
+        # try that finds another process's lock waits with the connection's lock let go (_tries)
+        self._db.execute("PRAGMA busy_timeout = 0")
         opened = os.stat(self.path)
         self._file = (opened.st_dev, opened.st_ino)
         return self._db
@@ -241,17 +250,14 @@ class SqliteDatabase:
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
-        """BEGIN IMMEDIATE with retries and jitter while another process holds the write lock.
+        """BEGIN IMMEDIATE, waiting with back-off while another process holds the write lock (three
+        busy timeouts at most, then one clear StoreError, never a hang).
 
         Whatever fails inside (or at COMMIT: a full disk, an I/O error) rolls the whole transaction back
         and is one StoreError: nothing is ever written half.
         """
-        with self._lock:
-            try:
-                # The busy timeout waits per attempt; a few attempts give a clear error, not a hang.
-                self._retry_while_locked(lambda: self._db.execute("BEGIN IMMEDIATE"), attempts=3)
-            except sqlite3.DatabaseError as exc:
-                raise StoreError(self._write_failure(exc)) from None
+        self._begin()
+        try:
             try:
                 yield self._db
                 self._db.execute("COMMIT")
@@ -265,6 +271,46 @@ class SqliteDatabase:
                 announced, self._announced = self._announced, []
             for topic, key in announced:  # committed: now they may look
                 self._subscribers.deliver(topic, key)
+        finally:
+            self._lock.release()
+
+    def _begin(self) -> None:
+        """Open a write transaction and return holding the connection's lock.
+
+        The stores of a process share the connection (open_sqlite), and SQLite is asked once per try (no
+        busy timeout of its own): while another process holds the write lock, the lock is let go between
+        tries, so this process's other stores read (and its other writers queue) meanwhile.
+        """
+        failure: sqlite3.OperationalError | None = None
+        for _ in self._tries():
+            self._lock.acquire()
+            try:
+                self._db.execute("BEGIN IMMEDIATE")
+                return
+            except sqlite3.OperationalError as exc:
+                self._lock.release()
+                if not _busy(exc):
+                    raise StoreError(self._write_failure(exc)) from None
+                failure = exc
+            except sqlite3.DatabaseError as exc:
+                self._lock.release()
+                raise StoreError(self._write_failure(exc)) from None
+            except BaseException:
+                self._lock.release()
+                raise
+        assert failure is not None
+        raise StoreError(self._write_failure(failure))
+
+    def _tries(self) -> Iterator[None]:
+        """One try now, then more with back-off (1 ms, doubling to 50 ms, with jitter) until three busy
+        timeouts have passed."""
+        yield
+        deadline = time.monotonic() + 3 * self._busy_timeout
+        pause = 0.001
+        while (left := deadline - time.monotonic()) > 0:
+            time.sleep(min(pause, left) + random.uniform(0, pause / 2))
+            pause = min(pause * 2, 0.05)
+            yield
 
     def _rollback(self) -> None:
         if not self._db.in_transaction:
@@ -302,9 +348,17 @@ class SqliteDatabase:
         return self._transaction()
 
     def query(self, sql: str, params: Sequence[Any] = ()) -> list[sqlite3.Row]:
-        """Rows of one read query; StoreError when the database fails."""
-        with self._lock:
-            try:
-                return self._db.execute(sql, params).fetchall()
-            except sqlite3.DatabaseError as exc:
-                raise StoreError(f"{self.path}: {exc}") from None
+        """Rows of one read query; StoreError when the database fails (or stays locked by another
+        process, which a read in WAL mode sees only for a moment, as for three busy timeouts)."""
+        failure: sqlite3.OperationalError | None = None
+        for _ in self._tries():
+            with self._lock:
+                try:
+                    return self._db.execute(sql, params).fetchall()
+                except sqlite3.OperationalError as exc:
+                    if not _busy(exc) or self._db.in_transaction:  # in our own transaction: no wait helps
+                        raise StoreError(f"{self.path}: {exc}") from None
+                    failure = exc
+                except sqlite3.DatabaseError as exc:
+                    raise StoreError(f"{self.path}: {exc}") from None
+        raise StoreError(f"{self.path}: {failure}")

@@ -521,3 +521,47 @@ def test_the_stores_of_one_process_share_one_connection_to_the_home(home: Path) 
         again.close()
         stores[-1].close()
     assert connections() == 0
+
+
+_HOLDS_THE_WRITE_LOCK = """
+import sqlite3, sys
+db = sqlite3.connect(sys.argv[1], isolation_level=None)
+db.execute("BEGIN IMMEDIATE")
+print("held", flush=True)
+sys.stdin.readline()
+db.execute("ROLLBACK")
+"""
+
+
+def test_a_write_waiting_for_another_processs_lock_holds_up_no_read_of_this_process(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stores of a process share one connection: a run waiting for another process's write lock
+    lets the connection go between its tries, so every other run reads meanwhile (and then writes)."""
+    monkeypatch.setenv("MIBYAN_BUSY_TIMEOUT", "5")
+    reader, writer = SessionStore.open(home), SessionStore.open(home)
+    reader.messages.append("s-waits", {"role": "user", "content": "hi"}, create={"source": "python"})
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLDS_THE_WRITE_LOCK, str(home / "state.db")],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        appended = threading.Thread(
+            target=writer.messages.append, args=("s-waits", {"role": "assistant", "content": "later"})
+        )
+        appended.start()
+        for _ in range(50):  # while the write waits (it cannot end before the lock is let go)
+            assert [m["content"] for m in reader.messages.load("s-waits")] == ["hi"]
+        assert appended.is_alive()
+    finally:
+        assert holder.stdin is not None
+        holder.stdin.write("\n")
+        holder.stdin.close()
+        holder.wait(timeout=60)
+    appended.join()
+    assert [m["content"] for m in reader.messages.load("s-waits")] == ["hi", "later"]
+    reader.close()
+    writer.close()

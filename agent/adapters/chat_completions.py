@@ -48,7 +48,10 @@ def _wire_and_text(message: Message) -> tuple[dict[str, Any], str]:
 
 #: each message of a history in its wire form and JSON text, made once: a history is sent whole at
 #: every request, and its messages are never changed once made
-_WIRED: ByIdentity[Message, tuple[dict[str, Any], str]] = ByIdentity(_wire_and_text)
+_WIRED: ByIdentity[Message, tuple[dict[str, Any], str]] = ByIdentity(
+    _wire_and_text,
+    weigh=lambda wired: 2 * len(wired[1]),  # the message and its text
+)
 
 
 def wire_messages(system_prompt: str | None, messages: list[Message]) -> EncodedList:
