@@ -2,8 +2,9 @@
 
 A Python caller registers with `agent.hooks.register("pre_tool_call", fn)`; the configuration names
 importable callables under `hooks:`. A `pre_tool_call` hook that returns a string blocks the call, and
-the model sees the reason; a `post_tool_call` hook that returns a string replaces the result. A hook that
-raises is logged and skipped: a plugin bug must not break the turn.
+the model sees the reason; a `post_tool_call` hook that returns a string replaces the result. A
+`pre_llm_call` hook sees copies of the request's messages. A hook that raises is logged and skipped: a
+plugin bug must not break the turn.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import importlib
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from mibyan.config.loader import HooksSection
 from mibyan.core.errors import ConfigError
@@ -80,8 +81,8 @@ class Hooks:
         return result
 
     def before_llm(self, messages: list[Message], tools: list[Any]) -> None:
-        if self._hooks["pre_llm_call"]:
-            self._run("pre_llm_call", messages, tools)
+        if self._hooks["pre_llm_call"]:  # copies: a history's messages are shared, never changed in place
+            self._run("pre_llm_call", [cast("Message", dict(m)) for m in messages], tools)
 
     def after_llm(self, response: Any) -> None:
         if self._hooks["post_llm_call"]:
