@@ -6,13 +6,12 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import run_cli
+from conftest import run_cli, wait_until
 from loopback import Reply, ScriptedServer
 from sandboxing import (
     BLOCKED,
@@ -192,11 +191,8 @@ def test_a_timeout_kills_even_what_left_the_commands_process_group(
     result = tool_results(make_agent().run_conversation("wait"))[0]
 
     assert "timed out after 1 s" in result
-    deadline = time.monotonic() + 5  # the kill is sent; the kernel may take a moment to reap the sandbox
-    while (running_with_arguments(*background) or running_with_arguments(*foreground)) and (
-        time.monotonic() < deadline
-    ):
-        time.sleep(0.01)
+    # the kill is sent; the kernel may take a moment to reap the sandbox
+    wait_until(lambda: not running_with_arguments(*background) and not running_with_arguments(*foreground), 5)
     assert not running_with_arguments(*background) and not running_with_arguments(*foreground)
 
 

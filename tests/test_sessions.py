@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -11,11 +10,10 @@ import stat
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, run_cli
+from conftest import ROOT, run_cli, wait_until
 from loopback import Reply, ScriptedServer
 
 from agent_state import SessionStore
@@ -166,17 +164,19 @@ def test_kill_during_a_tool_round_then_resume(server: ScriptedServer, home: Path
         stderr=subprocess.PIPE,
     )
     try:
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            rows = []
-            if (home / "state.db").exists():
-                db = sqlite3.connect(home / "state.db")
-                with contextlib.suppress(sqlite3.OperationalError):  # the schema is still being created
-                    rows = db.execute("SELECT role FROM messages ORDER BY id").fetchall()
+
+        def stored_roles() -> list[tuple[str]]:
+            if not (home / "state.db").exists():
+                return []
+            db = sqlite3.connect(home / "state.db")
+            try:
+                return db.execute("SELECT role FROM messages ORDER BY id").fetchall()
+            except sqlite3.OperationalError:  # the schema is still being created
+                return []
+            finally:
                 db.close()
-            if len(rows) >= 2:
-                break
-            time.sleep(0.05)
+
+        wait_until(lambda: len(stored_roles()) >= 2, timeout=20)
         process.send_signal(signal.SIGKILL)
         process.wait(10)
     finally:

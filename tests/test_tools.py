@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import threading
-import time
 from pathlib import Path
 from typing import NotRequired, TypedDict
 
 import pytest
 import yaml
+from conftest import wait_until
 from loopback import Reply, ScriptedServer
 
 from mibyan.tools.context import RunContext
@@ -174,10 +174,7 @@ def test_interrupt_while_terminal_runs_kills_the_child(server: ScriptedServer, m
     outcome: dict = {}
     worker = threading.Thread(target=lambda: outcome.setdefault("result", agent.run_conversation("sleep")))
     worker.start()
-    deadline = time.monotonic() + 10
-    while not running_with_arguments(*marker) and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert running_with_arguments(*marker)
+    assert wait_until(lambda: running_with_arguments(*marker), 10)
 
     agent.interrupt()
     worker.join(5)  # the command sleeps 30 s: returning before means it was stopped
@@ -186,10 +183,8 @@ def test_interrupt_while_terminal_runs_kills_the_child(server: ScriptedServer, m
     assert outcome["result"]["interrupted"] is True
     (said,) = tool_results(outcome["result"])
     assert "interrupted" in said  # by the terminal tool, or by the executor if the tool was slower to stop
-    deadline = time.monotonic() + 5  # the kill is sent; the kernel may take a moment to reap
-    while running_with_arguments(*marker) and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert not running_with_arguments(*marker)
+    # the kill is sent; the kernel may take a moment to reap
+    assert wait_until(lambda: not running_with_arguments(*marker), 5)
 
 
 def test_a_tool_stopped_by_an_interrupt_ends_as_interrupted_not_ok(
