@@ -156,7 +156,7 @@ class SqliteDatabase:
         self._db.execute(f"PRAGMA busy_timeout = {int(wait * 1000)}")
         self._db.execute("PRAGMA synchronous = NORMAL")
         self._db.execute("PRAGMA foreign_keys = ON")
-        self._retry_while_locked(self._enable_wal)
+        self._when_unlocked(self._enable_wal)
         self._migrate()
         # from now on no busy timeout of SQLite's: the stores of the process share the connection, and a
         # try that finds another process's lock waits with the connection's lock let go (_tries)
@@ -205,17 +205,6 @@ class SqliteDatabase:
                 del _SHARED[self._shared_as]
         with self._lock:
             self._db.close()
-
-    def _retry_while_locked(self, action: Callable[[], object], attempts: int = 40) -> None:
-        """Run `action`, retrying with jitter while another process holds a lock SQLite won't wait on."""
-        for attempt in range(attempts):
-            try:
-                action()
-                return
-            except sqlite3.OperationalError as exc:
-                if ("locked" not in str(exc) and "busy" not in str(exc)) or attempt == attempts - 1:
-                    raise
-                time.sleep(0.02 * min(attempt + 1, 10) + random.uniform(0, 0.03))
 
     def _enable_wal(self) -> None:
         # Switching a new database to WAL takes a lock that the busy timeout does not cover, so two
@@ -300,6 +289,20 @@ class SqliteDatabase:
                 raise
         assert failure is not None
         raise StoreError(self._write_failure(failure))
+
+    def _when_unlocked(self, action: Callable[[], object]) -> None:
+        """`action()`, tried again (see _tries) while another process holds a lock SQLite won't wait on."""
+        failure: sqlite3.OperationalError | None = None
+        for _ in self._tries():
+            try:
+                action()
+                return
+            except sqlite3.OperationalError as exc:
+                if not _busy(exc):
+                    raise
+                failure = exc
+        assert failure is not None
+        raise failure
 
     def _tries(self) -> Iterator[None]:
         """One try now, then more with back-off (1 ms, doubling to 50 ms, with jitter) until three busy

@@ -203,7 +203,7 @@ def test_the_tools_of_an_agent_are_encoded_once_for_all_its_requests() -> None:
         )
         for t in ("one", "two")
     ]
-    assert bodies[0]["tools"] is bodies[1]["tools"]
+    assert bodies[0]["tools"][0] is bodies[1]["tools"][0]  # each tool made and encoded once
     sent = json.loads(encode_body(bodies[1]))
     assert sent == json.loads(json.dumps(bodies[1]))  # the text kept is what the parts say
     assert sent["tools"][0]["function"]["description"] == "Read a file «here»"

@@ -57,40 +57,33 @@ _WIRED: ByIdentity[Message, tuple[dict[str, Any], str]] = ByIdentity(
 def wire_messages(system_prompt: str | None, messages: list[Message]) -> EncodedList:
     """The request's messages as Chat Completions takes them, the system prompt first, with their text."""
     wired = [_WIRED(m) for m in messages]
-    items = [wire for wire, _ in wired]
-    texts = [text for _, text in wired]
     if system_prompt:
         system = {"role": "system", "content": system_prompt}
-        items.insert(0, system)
-        texts.insert(0, encode_json(system))
-    return EncodedList(items, encoded="[" + ",".join(texts) + "]")
+        wired.insert(0, (system, encode_json(system)))
+    return _encoded(wired)
 
 
-#: The wire form of the tool lists sent lately, by the schemas' identity (they hold the schemas, so an
-#: identity is not reused while it is kept); an agent's tools are the same list in every request.
-_WIRE_TOOLS: dict[tuple[int, ...], tuple[tuple[ToolSchema, ...], EncodedList]] = {}
-_WIRE_TOOLS_KEPT = 64
+def _wire_tool(tool: ToolSchema) -> tuple[dict[str, Any], str]:
+    wire = {
+        "type": "function",
+        "function": {"name": tool.name, "description": tool.description, "parameters": tool.parameters},
+    }
+    return wire, encode_json(wire)
+
+
+#: each tool in its wire form and JSON text, made once: an agent's tools are the same in every request
+_WIRED_TOOLS: ByIdentity[ToolSchema, tuple[dict[str, Any], str]] = ByIdentity(
+    _wire_tool, weigh=lambda wired: 2 * len(wired[1])
+)
+
+
+def _encoded(wired: list[tuple[dict[str, Any], str]]) -> EncodedList:
+    return EncodedList([wire for wire, _ in wired], encoded="[" + ",".join(text for _, text in wired) + "]")
 
 
 def wire_tools(tools: list[ToolSchema]) -> EncodedList:
-    """The tools as Chat Completions takes them, encoded once per list of schemas."""
-    key = tuple(id(t) for t in tools)
-    known = _WIRE_TOOLS.get(key)
-    if known is not None:
-        return known[1]
-    wire = EncodedList(
-        [
-            {
-                "type": "function",
-                "function": {"name": t.name, "description": t.description, "parameters": t.parameters},
-            }
-            for t in tools
-        ]
-    )
-    if len(_WIRE_TOOLS) >= _WIRE_TOOLS_KEPT:  # tool lists that change (MCP refreshes) do not pile up
-        _WIRE_TOOLS.clear()
-    _WIRE_TOOLS[key] = (tuple(tools), wire)
-    return wire
+    """The tools as Chat Completions takes them, with their text."""
+    return _encoded([_WIRED_TOOLS(t) for t in tools])
 
 
 def parse_usage(raw: Any) -> Usage:
