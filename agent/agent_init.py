@@ -100,6 +100,7 @@ def init_agent(agent: AIAgent, options: AgentOptions) -> None:
         health=options.provider_health or ProviderHealth(),
         shared_health=options.provider_health is not None,
         http_transport=options.http_transport,
+        clients=options.sdk_clients,
     )
     agent._signal = InterruptSignal()
     agent._estimator = TokenEstimator()
@@ -263,8 +264,9 @@ def context_window(settings: AgentSettings, runtime: ProviderRuntime, home: Path
 
 def prepare_runs(options: AgentOptions) -> None:
     """Load and ask now what every agent built with `options` needs, so that its first run costs what
-    the later ones do: the agent loop's modules, its wire adapter and model SDK (a client made and
-    closed), and the context window the model's server reports (asked once, then kept in the home).
+    the later ones do: the agent loop's modules, its wire adapter and model SDK (a client made, and kept
+    for the first run in `options.sdk_clients`, else closed), and the context window the model's server
+    reports (asked once, then kept in the home).
 
     Raises:
         ConfigError: the configuration or the provider cannot make an agent (as building one would).
@@ -278,12 +280,20 @@ def prepare_runs(options: AgentOptions) -> None:
     project = Path(options.workdir).resolve() if options.workdir is not None else None
     settings = load_settings(home=home, cwd=project, overrides=settings_overrides(options))
     runtime = _runtime(settings, options, home)
-    adapter_for(runtime.api_mode, settings).stream_class()
+    adapter = adapter_for(runtime.api_mode, settings)
+    adapter.stream_class()
     window = context_window(settings, runtime, home)
     load_engine(settings, window, TokenEstimator(), _never_asked)  # its module, a custom one's too
-    client = build_client(runtime, settings)
+    provider = ProviderState(
+        runtime=runtime,
+        primary=runtime,
+        adapter=adapter,
+        http_transport=options.http_transport,
+        clients=options.sdk_clients,
+    )
+    client = provider.sdk_client(settings)[0]
     client.platform_headers()  # what the SDK asks the system once (a subprocess among it) at its first call
-    client.close()
+    provider.release_client()  # the first run's, when the runs share their clients; else closed
 
 
 def _runtime(settings: AgentSettings, options: AgentOptions, home: Path) -> ProviderRuntime:

@@ -21,16 +21,20 @@ class LifecycleMixin(AgentBase):
     """close() and the context manager."""
 
     def close(self) -> None:
-        """Release the agent's database and HTTP connections and stop its MCP servers. Safe to call twice.
+        """Release the agent's database and HTTP connections (its SDK client goes back to its `sdk_clients`,
+        when it has one) and stop its MCP servers. Safe to call twice.
 
         A conversation running on another thread is interrupted first, and closing waits (a few seconds
         at most) until it has returned, so its last messages are stored before the database closes.
         """
         self._closed = True
         self.interrupt()
-        if self._running.acquire(timeout=_RUN_END_WAIT):
+        ended = self._running.acquire(timeout=_RUN_END_WAIT)
+        if ended:
             self._running.release()
-        self.provider.drop_client()
+            self.provider.release_client()  # kept for the next run, when its agent shares SdkClients
+        else:
+            self.provider.drop_client()  # still in a call: no other run may have it
         self.tools.close()
         self.session.store.close()
         if self.session_lock is not None:

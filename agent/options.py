@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     import httpx2
 
     from mibyan.agent.memory import MemoryStore
-    from mibyan.agent.providers import ProviderHealth
+    from mibyan.agent.providers import ProviderHealth, SdkClients
     from mibyan.tools.context import FileAccess
     from mibyan.tools.mcp_connections import McpConnections
     from mibyan.tools.sandbox import Sandbox
@@ -68,6 +68,9 @@ class AgentOptions:
             a provider that failed in any of them is skipped for `agent.health_check_interval`, and each
             turn starts on the first provider of the chain that has not failed within it. Without one,
             the agent keeps its own record for choosing a fallback, and each turn starts with the primary.
+        sdk_clients: an `SdkClients` shared with other agents (a gateway agent's runs share one): the
+            agent takes its SDK client from it and gives it back when it closes, so a run reuses the
+            connection of the one before. Without one, the agent makes its own and closes it.
         file_access: where read_file, write_file and patch read and write text instead of the disk
             (an editor's buffers); the path policy applies all the same.
         memory: where its memory files and facts are, when not the home's or its workspace's (a gateway
@@ -106,6 +109,7 @@ class AgentOptions:
     mcp_servers: dict[str, dict[str, Any]] | None = None
     mcp_connections: McpConnections | None = None
     provider_health: ProviderHealth | None = None
+    sdk_clients: SdkClients | None = None
     file_access: FileAccess | None = None
     memory: MemoryStore | None = None
     session_scope: str | None = None

@@ -213,8 +213,10 @@ class ProviderState:
         health: when each provider last failed (its own, or one shared with other agents).
         shared_health: `health` is shared, so a turn starts on the first provider that has not failed
             lately; with a record of its own, each turn starts with the primary.
-        client: the SDK client of `runtime` and its transport, made on first use.
+        client: the SDK client of `runtime` and its transport, made on first use (or taken from
+            `clients`).
         http_transport: the transport under every client (None: real connections).
+        clients: clients kept open between the runs of one agent (None: each run makes its own).
     """
 
     runtime: ProviderRuntime
@@ -224,14 +226,21 @@ class ProviderState:
     shared_health: bool = False
     client: tuple[Any, AbortableTransport] | None = None
     http_transport: httpx2.BaseTransport | None = None
+    clients: SdkClients | None = None
+    _client_key: tuple[object, ...] = ()
 
     def sdk_client(self, settings: AgentSettings) -> tuple[Any, AbortableTransport]:
         """The SDK client for the current runtime, and the transport that can cut its connections."""
         if self.client is None:
-            from mibyan.core.http_transport import AbortableTransport
+            runtime = self.runtime
+            key = (runtime.api_mode, runtime.base_url, runtime.api_key, settings.agent.api_timeout)
+            kept = self.clients.take(key) if self.clients is not None else None
+            if kept is None:
+                from mibyan.core.http_transport import AbortableTransport
 
-            transport = AbortableTransport(self.http_transport)
-            self.client = (build_client(self.runtime, settings, transport), transport)
+                transport = AbortableTransport(self.http_transport)
+                kept = (build_client(self.runtime, settings, transport), transport)
+            self.client, self._client_key = kept, key
         return self.client
 
     def drop_client(self) -> None:
@@ -240,7 +249,60 @@ class ProviderState:
         if client is not None:
             client[0].close()  # the SDK client closes its httpx2 client and, with it, the transport
 
+    def release_client(self) -> None:
+        """The run is over: its client goes back to `clients` for the next run (else it is closed)."""
+        client, self.client = self.client, None
+        if client is None:
+            return
+        if self.clients is None:
+            client[0].close()
+        else:
+            self.clients.give_back(self._client_key, client)
+
     def switch_to(self, runtime: ProviderRuntime, settings: AgentSettings) -> None:
         self.runtime = runtime
         self.adapter = adapter_for(runtime.api_mode, settings)
         self.drop_client()
+
+
+class SdkClients:
+    """SDK clients kept open between the runs of one agent, each lent to one run at a time.
+
+    A gateway makes an agent per message; with its own client each message opened a new connection to
+    the model's server (a TCP and, for a real provider, a TLS handshake). A run takes a client kept for
+    the same API mode, address, key and timeout, and gives it back when it closes. A client whose
+    connections were cut (an interrupt, a timeout) is never given back; whatever the server closed
+    meanwhile, the HTTP pool notices and connects again. At most `keep` clients per key stay open.
+    Thread-safe.
+    """
+
+    def __init__(self, keep: int = 8) -> None:
+        self._keep = keep
+        self._lock = threading.Lock()
+        self._idle: dict[tuple[object, ...], list[tuple[Any, AbortableTransport]]] = {}
+        self._closed = False
+
+    def take(self, key: tuple[object, ...]) -> tuple[Any, AbortableTransport] | None:
+        """A kept client for `key` (the most recently given back, its connection the freshest), or None."""
+        with self._lock:
+            idle = self._idle.get(key)
+            return idle.pop() if idle else None
+
+    def give_back(self, key: tuple[object, ...], client: tuple[Any, AbortableTransport]) -> None:
+        """Keep `client` for the next run with `key`; closed instead when cut, surplus or after close()."""
+        with self._lock:
+            idle = self._idle.setdefault(key, [])
+            kept = not self._closed and not client[1].aborted and len(idle) < self._keep
+            if kept:
+                idle.append(client)
+        if not kept:
+            client[0].close()
+
+    def close(self) -> None:
+        """Close every kept client; what is given back from now on is closed."""
+        with self._lock:
+            self._closed = True
+            idle = [client for clients in self._idle.values() for client in clients]
+            self._idle.clear()
+        for client in idle:
+            client[0].close()

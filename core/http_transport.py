@@ -64,6 +64,11 @@ class AbortableTransport(httpx2.BaseTransport):
         self.server = response.headers.get("server")
         return response
 
+    @property
+    def aborted(self) -> bool:
+        """abort() was called: the transport refuses requests for good."""
+        return self._aborted
+
     def abort(self) -> None:
         """Cut every open connection now; blocked reads fail at once and the server sees the hang-up."""
         with self._lock:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mibyan.agent.options import AgentOptions
-from mibyan.agent.providers import ProviderHealth
+from mibyan.agent.providers import ProviderHealth, SdkClients
 from mibyan.config.gateway import GatewayAgent
 from mibyan.config.loader import AgentSettings
 from mibyan.config.paths import private_dir, write_private
@@ -80,12 +80,15 @@ class AgentInstance:
         home: the mibyan home (its state.db holds every agent's sessions).
         health: when its providers last failed, shared by all its runs on every channel: a provider
             that failed is skipped by the next runs for `agent.health_check_interval`.
+        clients: its runs' SDK clients, kept open between them (a message reuses the connection to
+            the model's server of the one before); closed by close().
     """
 
     entry: GatewayAgent
     settings: AgentSettings
     home: Path
     health: ProviderHealth = field(default_factory=ProviderHealth, compare=False)
+    clients: SdkClients = field(default_factory=SdkClients, compare=False)
     # the one McpConnections of all its runs, once made (a list, as the instance itself is frozen)
     _mcp: list[McpConnections] = field(default_factory=list, compare=False, repr=False)
     _mcp_lock: threading.Lock = field(default_factory=threading.Lock, compare=False, repr=False)
@@ -283,6 +286,7 @@ class AgentInstance:
             workspace=self.workspace,
             workdir=self.workdir,
             provider_health=self.health,
+            sdk_clients=self.clients,
             # the runner compresses after it has delivered the answer (its _compress_after_delivery)
             compress_between_turns=False,
             subagents_ask=True,
@@ -363,10 +367,11 @@ class AgentInstance:
         return self.runs_sandbox().rooted_at(self.workdir, writable=writable)
 
     def close(self) -> None:
-        """Stop the agent's MCP servers (after its last run)."""
+        """Stop the agent's MCP servers and close its kept SDK clients (after its last run)."""
         with self._mcp_lock:
             for connections in self._mcp:
                 connections.close()
+        self.clients.close()
 
     def write_agents_md(self) -> Path:
         """(Re)write the workspace's AGENTS.md: the agent's tools, memory layers and skills, for its prompt.

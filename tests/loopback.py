@@ -30,6 +30,7 @@ class Reply:
         tool_calls: (name, arguments dict) pairs.
         delay: seconds to wait before answering (a client hang-up ends the wait).
         cut: stop the stream before the finish_reason chunk and close the connection.
+        unended: send the whole stream, then close the connection without the chunked body's end.
         status: an HTTP error status to answer with instead (body from `error_body`).
         finish_reason: overrides the natural one.
         reasoning: reasoning_content to stream before the text.
@@ -45,6 +46,7 @@ class Reply:
     tool_calls: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     delay: float = 0.0
     cut: bool = False
+    unended: bool = False
     status: int = 200
     error_body: dict[str, Any] | None = None
     headers: dict[str, str] = field(default_factory=dict)
@@ -75,6 +77,7 @@ class Seen:
     arrived: float
     path: str
     headers: dict[str, str] = field(default_factory=dict)
+    peer: tuple[str, int] = ("", 0)  # the client's end of the connection it came on
 
 
 class _QuietServer(ThreadingHTTPServer):
@@ -179,7 +182,13 @@ class ScriptedServer:
                 body = json.loads(self.rfile.read(length) or b"{}")
                 with server._arrivals:
                     server.requests.append(
-                        Seen(body=body, arrived=arrived, path=self.path, headers=dict(self.headers.items()))
+                        Seen(
+                            body=body,
+                            arrived=arrived,
+                            path=self.path,
+                            headers=dict(self.headers.items()),
+                            peer=self.client_address[:2],
+                        )
                     )
                     server._arrivals.notify_all()
                 if self.path.endswith("/embeddings"):
@@ -250,7 +259,7 @@ class ScriptedServer:
                                 server._arrivals.notify_all()
                             self.close_connection = True
                             return
-                    if reply.cut:
+                    if reply.cut or reply.unended:
                         self.close_connection = True
                         self.connection.shutdown(socket.SHUT_RDWR)
                         return

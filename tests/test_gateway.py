@@ -120,6 +120,18 @@ def test_each_agents_model_server_is_asked_for_its_window_before_the_gateway_is_
     assert [request.path for request in first.requests] == ["/v1/chat/completions"]
 
 
+def test_an_agents_messages_reuse_its_connection_to_the_model_server(
+    gateway: InProcessGateway, server: ScriptedServer
+) -> None:
+    """Each message is a new run of the agent; the runs take turns on one kept connection rather than
+    opening one each (for a provider, a TLS handshake before every answer)."""
+    for channel in ("ann", "bo", "ann", "cy"):
+        server.add(Reply(text=f"hello {channel}"))
+        assert ask(gateway, "hi", channel=channel).parse().choices[0].message.content == f"hello {channel}"
+
+    assert len({request.peer for request in server.requests}) == 1
+
+
 def test_an_agents_skills_are_its_own(server: ScriptedServer, home: Path, start_gateway: Any) -> None:
     skill = home / "agents" / "meepa" / "skills" / "maps" / "SKILL.md"
     skill.parent.mkdir(parents=True)

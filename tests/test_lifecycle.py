@@ -10,6 +10,7 @@ import pytest
 from conftest import run_in_background
 from loopback import Reply, ScriptedServer
 
+from mibyan.agent.providers import SdkClients
 from mibyan.core.errors import AgentBusyError
 
 
@@ -95,6 +96,57 @@ def test_closing_a_running_agent_interrupts_the_run_and_waits_for_it(
     assert not worker.is_alive()  # close() returned after the run did, not 30 s later
     assert outcome["interrupted"] is True
     worker.join()
+
+
+def test_agents_sharing_sdk_clients_take_turns_on_one_connection(server: ScriptedServer, make_agent) -> None:
+    server.add(Reply(text="one"), Reply(text="two"), Reply(text="three"), Reply(text="alone"))
+    clients = SdkClients()
+    for text in ("one", "two"):
+        with make_agent(sdk_clients=clients) as agent:
+            assert agent.chat("hello") == text
+    clients.close()
+    with make_agent(sdk_clients=clients) as agent:  # after close(): a client of its own, closed with it
+        assert agent.chat("hello") == "three"
+    with make_agent() as agent:
+        assert agent.chat("hello") == "alone"
+
+    first, second, third, alone = (request.peer for request in server.requests)
+    assert first == second  # the second agent took the first one's client and its open connection
+    assert len({first, third, alone}) == 3
+
+
+def test_a_body_that_breaks_off_after_its_last_event_still_gives_the_whole_answer(
+    server: ScriptedServer, make_agent
+) -> None:
+    """An agent reads a stream's body to its end after `[DONE]` (to keep its connection); a server that
+    hangs up before the end has sent the whole answer all the same, and it is not asked again."""
+    server.add(Reply(text="all of it", unended=True), Reply(text="asked twice"))
+    with make_agent() as agent:
+        assert agent.chat("hello") == "all of it"
+        assert agent.chat("again") == "asked twice"  # on a new connection
+    first, second = server.requests
+    assert first.peer != second.peer
+
+
+def test_a_connection_cut_by_an_interrupt_is_not_lent_to_the_next_agent(
+    server: ScriptedServer, make_agent
+) -> None:
+    server.add(Reply(text="too late", delay=30), Reply(text="answered"))
+    clients = SdkClients()
+    agent = make_agent(sdk_clients=clients)
+    worker, outcome = run_in_background(agent, "take your time")
+    assert server.wait_for_requests(1)
+    agent.interrupt()
+    worker.join(10)
+    agent.close()
+    assert outcome["interrupted"] is True
+    assert server.wait_for_hangups(1)  # the provider saw the hang-up: it stops generating for nobody
+
+    with make_agent(sdk_clients=clients) as after:
+        assert after.chat("hello") == "answered"
+    cut, answered = (request.peer for request in server.requests)
+    assert cut != answered
+    clients.close()
 
 
 @pytest.mark.parametrize("command", ["/new", "/model gpt-4o"])

@@ -256,4 +256,4 @@ class AnthropicMessagesAdapter(WireAdapter):
     def stream_class(self) -> Any:
         from anthropic import Stream
 
-        return Stream
+        return Stream[object]  # it reads each body to its end itself (there is no `[DONE]`)

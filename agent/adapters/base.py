@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import time
 from abc import ABC, abstractmethod
@@ -213,10 +215,9 @@ class WireAdapter(ABC):
         return reply
 
     def stream_class(self) -> Any:
-        """The SDK's Stream class, which splits the SSE body into events (openai's by default)."""
-        from openai import Stream
-
-        return Stream
+        """The SDK's Stream class for raw events, which splits the SSE body into them (openai's by
+        default, reading the body to its end: see `_stream_to_the_end`)."""
+        return _stream_to_the_end()
 
     def send(
         self,
@@ -245,7 +246,7 @@ class WireAdapter(ABC):
             content=content,
             options=options,
             stream=True,
-            stream_cls=self.stream_class()[object],
+            stream_cls=self.stream_class(),
         )
         assembler = self.assembler(_Heard(events, handle))
         try:
@@ -264,6 +265,28 @@ class WireAdapter(ABC):
         finally:
             chunks.response.close()
         return self.finish_reply(assembler.finish(), body)
+
+
+@functools.cache  # a class made once (openai imported on first use, as the adapters import it)
+def _stream_to_the_end() -> Any:
+    from openai import APIConnectionError, APITimeoutError, Stream
+
+    class StreamToTheEnd(Stream[object]):
+        """openai's Stream, except that after `[DONE]` it reads the body to its end before the SDK
+        closes it: a body closed unread (its last chunk, the few bytes after `[DONE]`) costs its
+        connection, and the next call would open a new one (for a provider, a new TLS handshake)."""
+
+        def _iter_events(self) -> Any:
+            events = super()._iter_events()
+            for event in events:
+                if event.data.startswith("[DONE]"):
+                    # the answer is whole: a body that breaks off now only costs the connection
+                    with contextlib.suppress(APIConnectionError, APITimeoutError):
+                        for _ in events:
+                            pass
+                yield event
+
+    return StreamToTheEnd
 
 
 def malformed(what: str, data: Any) -> ProviderError:
