@@ -79,6 +79,9 @@ class Ledger:
 
     def __init__(self, store: SessionStore) -> None:
         self.store = store
+        #: the lease owner of this gateway, where gateways share the store: its replies name it, so no
+        #: other gateway sends them while it lives
+        self.sender: str | None = None
 
     def record_inbound(
         self, channel: str, message_key: str | None, request: dict[str, Any], admitted_by: str | None = None
@@ -104,7 +107,7 @@ class Ledger:
     def record_reply(self, entry: InboxEntry, text: str, session_id: str, usage: dict[str, int]) -> Reply:
         """Record the answer (and close the inbound message) before anything is sent."""
         body = json.dumps({"text": text, "session_id": session_id, "usage": usage}, ensure_ascii=False)
-        return _reply(self.store.ledger.record_reply(entry.id, entry.channel, body))
+        return _reply(self.store.ledger.record_reply(entry.id, entry.channel, body, self.sender))
 
     def reply_for(self, inbox_id: int) -> Reply | None:
         """The reply recorded for an inbound message, whatever its delivery state; None before one."""
@@ -121,8 +124,13 @@ class Ledger:
 
     def undelivered(self, within: float, before: float) -> list[Reply]:
         """Replies recorded before `before` (this run's start) but never sent; those older than `within`
-        seconds are marked stale instead."""
-        return [_reply(r) for r in self.store.ledger.undelivered(time.time() - within, before)]
+        seconds are marked stale instead. Where gateways share the store, only those whose gateway is
+        gone, which are this one's to send from now on."""
+        leases = self.store.leases
+        if self.sender is None or leases is None:
+            return [_reply(r) for r in self.store.ledger.undelivered(time.time() - within, before)]
+        self.store.ledger.mark_stale(time.time() - within)
+        return [_reply(r) for r in leases.take_undelivered(self.sender, before)]
 
     def forget_finished(self, older_than: float = KEEP_FINISHED) -> int:
         """Delete messages finished (answered and sent, stale or failed) more than `older_than` seconds

@@ -109,6 +109,8 @@ class Gateway:
         self.leases = (
             None if leases is None else ChannelLeases(self.store, leases, seconds, self._io, poll=poll)
         )
+        if self.leases is not None:
+            self.ledger.sender = self.leases.owner
         self.elsewhere = None
         if self.leases is not None and leases is not None and questions is not None:
             self.elsewhere = Elsewhere(

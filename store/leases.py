@@ -84,6 +84,19 @@ class Leases:
         )
         return [row_dict(r) for r in rows]
 
+    def take_undelivered(self, owner: str, recorded_before: float) -> list[dict[str, Any]]:
+        """The replies still pending, recorded before `recorded_before` (`owner`'s start: what it records,
+        it sends), whose sender is gone, made `owner`'s to send, oldest first. A reply whose gateway
+        lives is that gateway's to send (it may be sending it now); of gateways taking at once, each
+        reply goes to one: the update locks its row and checks its sender again once it has it."""
+        with self._db.transaction() as db:
+            rows = db.execute(
+                "UPDATE gateway_outbox SET sender = ? WHERE status = 'pending' AND created_at < ?"
+                f" AND (sender IS NULL OR {_GONE.format(owner='sender')}) RETURNING *",
+                (owner, recorded_before),
+            ).fetchall()
+        return sorted((row_dict(r) for r in rows), key=lambda row: row["id"])
+
     def abandoned(self) -> list[dict[str, Any]]:
         """Inbox rows left running on a channel whose lease ran out or whose holder is gone (its gateway
         died, was stopped or cut off), and rows waiting their turn whose gateway is gone (killed with

@@ -63,15 +63,18 @@ class GatewayLedger:
             if status == "failed":
                 self._db.announce(db, LEDGER, str(inbox_id))
 
-    def record_reply(self, inbox_id: int, channel: str, reply: str) -> dict[str, Any]:
+    def record_reply(
+        self, inbox_id: int, channel: str, reply: str, sender: str | None = None
+    ) -> dict[str, Any]:
         """Record the reply (`reply`: its JSON text) unless one is recorded, and mark the inbound
         message answered, in one transaction that announces it (LEDGER); returns the outbox row (the one
-        recorded first)."""
+        recorded first). `sender` is the lease owner of the gateway sending it, where gateways share
+        the store."""
         with self._db.transaction() as db:
             rows = db.execute(
-                "INSERT INTO gateway_outbox (inbox_id, channel, reply, created_at) VALUES (?, ?, ?, ?)"
-                " ON CONFLICT DO NOTHING RETURNING *",
-                (inbox_id, channel, mask_secrets(reply), time.time()),
+                "INSERT INTO gateway_outbox (inbox_id, channel, reply, created_at, sender)"
+                " VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING RETURNING *",
+                (inbox_id, channel, mask_secrets(reply), time.time(), sender),
             ).fetchall()
             if not rows:
                 rows = db.execute("SELECT * FROM gateway_outbox WHERE inbox_id = ?", (inbox_id,)).fetchall()
@@ -111,17 +114,23 @@ class GatewayLedger:
     def undelivered(self, recorded_after: float, recorded_before: float) -> list[dict[str, Any]]:
         """Outbox rows still pending that were recorded before `recorded_before` (a run's start: what the
         run records itself, it sends itself), oldest first; those recorded before `recorded_after` are
-        marked stale first, and left out."""
-        with self._db.transaction() as db:
-            db.execute(
-                "UPDATE gateway_outbox SET status = 'stale' WHERE status = 'pending' AND created_at < ?",
-                (recorded_after,),
-            )
+        marked stale first, and left out. (Gateways sharing the store take theirs with
+        Leases.take_undelivered instead.)"""
+        self.mark_stale(recorded_after)
         rows = self._db.query(
             "SELECT * FROM gateway_outbox WHERE status = 'pending' AND created_at < ? ORDER BY id",
             (recorded_before,),
         )
         return [row_dict(r) for r in rows]
+
+    def mark_stale(self, recorded_before: float) -> None:
+        """Mark the replies still pending that were recorded before `recorded_before` stale: too old to
+        send now."""
+        with self._db.transaction() as db:
+            db.execute(
+                "UPDATE gateway_outbox SET status = 'stale' WHERE status = 'pending' AND created_at < ?",
+                (recorded_before,),
+            )
 
     def forget_finished(self, received_before: float) -> int:
         """Delete the messages received before `received_before` that are finished (answered and sent,

@@ -223,3 +223,11 @@ def _inbox_rows_name_their_gateway(db: psycopg.Connection[Any]) -> None:
     # The gateway that admitted a message (its lease owner), so the others answer the messages a killed
     # gateway had queued but not started (store/leases.py).
     _run(db, "ALTER TABLE gateway_inbox ADD COLUMN admitted_by TEXT")
+
+
+@migration
+def _outbox_rows_name_their_sender(db: psycopg.Connection[Any]) -> None:
+    # The gateway that sends a reply (its lease owner), so a gateway starting beside it never sends again
+    # what that one is sending, and two starting at once never both send what a killed one left unsent
+    # (store/leases.py).
+    _run(db, "ALTER TABLE gateway_outbox ADD COLUMN sender TEXT")

@@ -184,3 +184,10 @@ def _inbox_rows_name_their_gateway(db: sqlite3.Connection) -> None:
     # The gateway that admitted a message (its lease owner; NULL on a store no gateways share), so the
     # others answer the messages a killed gateway had queued but not started (store/leases.py).
     db.execute("ALTER TABLE gateway_inbox ADD COLUMN admitted_by TEXT")
+
+
+@migration
+def _outbox_rows_name_their_sender(db: sqlite3.Connection) -> None:
+    # The gateway that sends a reply (its lease owner; NULL on a store no gateways share), so a gateway
+    # starting beside it never sends again what that one is sending (store/leases.py).
+    db.execute("ALTER TABLE gateway_outbox ADD COLUMN sender TEXT")

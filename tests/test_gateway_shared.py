@@ -255,3 +255,34 @@ def test_three_gateways_starting_at_once_on_an_empty_database_migrate_it_once(
     with SessionStore.at_url(pg_url) as store:
         names = [row["name"] for row in store.query("SELECT name FROM _mibyan_migrations ORDER BY name")]
     assert names == sorted(step.__name__ for step in MIGRATIONS)
+
+
+def test_a_reply_left_unsent_is_sent_by_one_gateway_and_never_while_its_own_lives(pg_url: str) -> None:
+    """A gateway starting beside another resends none of the replies that one recorded (it may be
+    sending them now); once it is gone, of the gateways starting at once, one takes each reply."""
+    import time
+
+    from mibyan.gateway.ledger import Ledger
+
+    with SessionStore.at_url(pg_url) as store:
+        owners = ("sender", *(f"gw{i}" for i in range(6)))
+        alive = {owner: store.database.hold_alive(owner) for owner in owners}
+        sender = Ledger(store)
+        sender.sender = "sender"
+        entry, _ = sender.record_inbound("meepa/mail/alice", "m-1", {"text": "hi"}, admitted_by="sender")
+        sender.record_reply(entry, "hello alice", "s1", {})
+        started = time.time()  # the later gateways start now
+
+        def undelivered(owner: str) -> list[str]:
+            ledger = Ledger(store)
+            ledger.sender = owner
+            return [reply.text for reply in ledger.undelivered(within=600, before=started)]
+
+        assert undelivered("gw0") == []  # its sender lives: it is that one's to send
+        alive.pop("sender").close()  # killed before it sent it
+        with ThreadPoolExecutor(6) as pool:
+            taken = list(pool.map(undelivered, [f"gw{i}" for i in range(6)]))
+        assert sorted(taken) == [[], [], [], [], [], ["hello alice"]]
+        assert undelivered("late") == []  # the one that took it lives: it sends it
+        for mark in alive.values():
+            mark.close()
