@@ -106,9 +106,16 @@ def discover_window(
         return cache.get(key)
     import httpx2
 
+    from mibyan.core.http_transport import shared_ssl_context
+
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
-        response = httpx2.get(base_url.rstrip("/") + "/models", headers=headers, timeout=LISTING_TIMEOUT)
+        response = httpx2.get(
+            base_url.rstrip("/") + "/models",
+            headers=headers,
+            timeout=LISTING_TIMEOUT,
+            verify=shared_ssl_context(),  # the model calls' TLS context (built once: about 20 ms)
+        )
     except httpx2.TimeoutException:
         cache.remember(key, None)  # too slow to ask: do not make every start wait for it
         return None
