@@ -3,8 +3,10 @@ LMTP, a real second mail client as the user, the scripted model behind the agent
 
 from __future__ import annotations
 
+import imaplib
 import itertools
 import os
+import re
 from collections.abc import Iterator
 from email.message import EmailMessage
 from pathlib import Path
@@ -412,3 +414,41 @@ def test_a_mailbox_renumbered_while_down_answers_only_its_new_unanswered_mail_on
     assert sorted(text(mail) for mail in got) == ["echo 1: after", "echo 1: first", "echo 1: new while down"]
     assert len(server.requests) == 3
     assert "UIDVALIDITY changed" in (home / "logs" / "gateway.log").read_text()
+
+
+def test_after_a_renumbering_a_mail_of_the_second_the_last_answered_one_came_in_is_answered(
+    home: Path, server: ScriptedServer, dovecot: Dovecot, relay: Relay, alice: MailUser
+) -> None:
+    """A mailbox's arrival dates have whole seconds; a mail that came in the second the last answered
+    one did (or the gateway first started in) came in since then, and is answered after a renumbering."""
+    bot = new_bot(dovecot)
+    with start(home, server, dovecot, relay, bot) as gateway:
+        first = alice.send(bot, "First", "first")
+        wait_replies(alice, bot, 1)
+        gateway.terminate()
+    imap = imaplib.IMAP4("127.0.0.1", dovecot.imap_port, timeout=30)
+    imap.login(bot, PASSWORD)
+    imap.select("INBOX")
+    _, fetched = imap.fetch("1", "(INTERNALDATE)")
+    found = re.search(
+        rb'INTERNALDATE "([^"]+)"', fetched[0] if isinstance(fetched[0], bytes) else fetched[0][0]
+    )
+    assert found is not None
+    arrived = f'"{found.group(1).decode()}"'
+    imap.logout()
+    maildir = dovecot.folder / "mail" / bot
+    for stale in [*maildir.glob("dovecot-uidlist"), *maildir.glob("dovecot.index*"), *maildir.glob("*/*")]:
+        stale.unlink()
+    # restored from a backup: "First" (answered) and a mail that came in the same second, not answered
+    same = f"From: alice@localhost\r\nTo: {bot}\r\nSubject: Same\r\n"
+    same += "Message-ID: <same@client.test>\r\n\r\nsame\r\n"
+    imap = imaplib.IMAP4("127.0.0.1", dovecot.imap_port, timeout=30)
+    imap.login(bot, PASSWORD)
+    assert imap.append("INBOX", "", arrived, bytes(first))[0] == "OK"
+    assert imap.append("INBOX", "", arrived, same.encode())[0] == "OK"
+    imap.logout()
+    with restart(home) as again:
+        wait_replies(alice, bot, 2)
+        again.terminate()
+
+    assert sorted(text(mail) for mail in replies_to(alice, bot)) == ["echo 1: first", "echo 1: same"]

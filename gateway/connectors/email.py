@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import math
 import os
 import time
 from collections.abc import Callable
@@ -180,7 +181,9 @@ class EmailConnector:
                 if fetched is not None:
                     raw, since = fetched
                     renumbered = uid < cursor.renumbered_below
-                    if not renumbered or since >= cursor.since:
+                    # an INTERNALDATE has whole seconds, the first start's time has not: a mail of the
+                    # very second the last one passed (or the first start) counts as arrived since
+                    if not renumbered or since >= math.floor(cursor.since):
                         await self._mail(uid, raw, once=renumbered)
                     since = max(since, cursor.since)
             except (ShuttingDown, *GONE):
