@@ -272,37 +272,43 @@ class SdkClients:
     the model's server (a TCP and, for a real provider, a TLS handshake). A run takes a client kept for
     the same API mode, address, key and timeout, and gives it back when it closes. A client whose
     connections were cut (an interrupt, a timeout) is never given back; whatever the server closed
-    meanwhile, the HTTP pool notices and connects again. At most `keep` clients per key stay open.
-    Thread-safe.
+    meanwhile, the HTTP pool notices and connects again. At most `keep` clients stay open, whatever their
+    keys: the oldest given back is closed first (a key that changes every message, from an
+    `api_key_command`, leaves no trail of open connections). Thread-safe.
     """
 
     def __init__(self, keep: int = 8) -> None:
         self._keep = keep
         self._lock = threading.Lock()
-        self._idle: dict[tuple[object, ...], list[tuple[Any, AbortableTransport]]] = {}
+        self._idle: list[tuple[tuple[object, ...], tuple[Any, AbortableTransport]]] = []  # oldest first
         self._closed = False
 
     def take(self, key: tuple[object, ...]) -> tuple[Any, AbortableTransport] | None:
         """A kept client for `key` (the most recently given back, its connection the freshest), or None."""
         with self._lock:
-            idle = self._idle.get(key)
-            return idle.pop() if idle else None
+            for place in range(len(self._idle) - 1, -1, -1):
+                if self._idle[place][0] == key:
+                    return self._idle.pop(place)[1]
+        return None
 
     def give_back(self, key: tuple[object, ...], client: tuple[Any, AbortableTransport]) -> None:
-        """Keep `client` for the next run with `key`; closed instead when cut, surplus or after close()."""
+        """Keep `client` for the next run with `key`; closed instead when cut or after close(), and the
+        oldest kept one is closed when more than `keep` would stay open."""
+        closing = [client]
         with self._lock:
-            idle = self._idle.setdefault(key, [])
-            kept = not self._closed and not client[1].aborted and len(idle) < self._keep
-            if kept:
-                idle.append(client)
-        if not kept:
-            client[0].close()
+            if not self._closed and not client[1].aborted:
+                self._idle.append((key, client))
+                oldest = max(len(self._idle) - self._keep, 0)
+                closing = [kept for _, kept in self._idle[:oldest]]
+                del self._idle[:oldest]
+        for surplus in closing:
+            surplus[0].close()
 
     def close(self) -> None:
         """Close every kept client; what is given back from now on is closed."""
         with self._lock:
             self._closed = True
-            idle = [client for clients in self._idle.values() for client in clients]
+            idle = [client for _, client in self._idle]
             self._idle.clear()
         for client in idle:
             client[0].close()

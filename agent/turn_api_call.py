@@ -79,7 +79,7 @@ class ApiCallMixin(AgentBase):
         client = self.provider.sdk_client(self.settings)
         self.tools.start_mcp()  # while the model answers: its import would have delayed the request
         sdk = client[0]
-        handle = CallHandle()
+        handle = CallHandle(wake=self._signal.notify)
         relay = StreamRelay(self.callbacks, self._signal, turn.shown_text, turn.shown_reasoning)
         relay.start()
         try:
@@ -97,7 +97,7 @@ class ApiCallMixin(AgentBase):
                 on_abandon=lambda: self._abandon_call(handle, client),
                 # Silence counts once the answer flows: reading the prompt (a local model on a CPU takes
                 # many seconds for a long one) is bounded by api_timeout alone, as is a plain call.
-                stall=StallLimit(handle.silence, agent.stream_stall_timeout),
+                stall=StallLimit(handle.silence, agent.stream_stall_timeout, whole=handle.whole),
             )
         finally:
             relay.stop()

@@ -4,6 +4,11 @@ Closing a socket's file descriptor does not wake a thread blocked reading it, an
 server until that read returns. To abandon a call at once (interrupt, timeout) the connection must be
 shut down: that wakes the reader with an error and tells the provider to stop generating. The transport
 learns each connection's socket through httpcore's public `trace` request extension.
+
+It also sends a request again, at once and on another connection, when a kept-alive connection it was
+sent on turned out closed before any answer came: a server closes an idle connection when its keep-alive
+runs out (uvicorn's after 5 s), and a request that set off in that instant finds it gone. The server read
+nothing of it (it was closing), so sending it again is what it should have been: the first send.
 """
 
 from __future__ import annotations
@@ -29,6 +34,17 @@ def shared_ssl_context() -> ssl.SSLContext:
     return httpx2.create_ssl_context()
 
 
+#: Kept connections found closed one request is sent again after (the pool keeps a few, and the server
+#: may have closed them all at once); then the failure stands.
+_KEPT_CONNECTIONS_TRIED = 4
+
+
+class _Sent:
+    """What happened to one send of a request: whether it opened a new connection."""
+
+    connected = False
+
+
 class AbortableTransport(httpx2.BaseTransport):
     """The default httpx2 transport (or `inner`), plus `abort()`: shut down every connection it opened.
 
@@ -43,10 +59,13 @@ class AbortableTransport(httpx2.BaseTransport):
         self._sockets: weakref.WeakSet[socket.socket] = weakref.WeakSet()
         self._lock = threading.Lock()
         self._aborted = False
+        self._traced = inner is None  # httpcore's connections say when they connect; another's may not
         self.server: str | None = None
 
-    def _trace(self, event: str, info: dict[str, Any]) -> None:
-        if event == "connection.connect_tcp.complete":
+    def _trace(self, sent: _Sent, event: str, info: dict[str, Any]) -> None:
+        if event in ("connection.connect_tcp.started", "connection.connect_unix_socket.started"):
+            sent.connected = True
+        elif event == "connection.connect_tcp.complete":
             stream = info.get("return_value")
             sock = stream.get_extra_info("socket") if stream is not None else None
             if isinstance(sock, socket.socket):
@@ -59,10 +78,27 @@ class AbortableTransport(httpx2.BaseTransport):
     def handle_request(self, request: httpx2.Request) -> httpx2.Response:
         if self._aborted:
             raise httpx2.ConnectError("the call was abandoned", request=request)
-        request.extensions = {**request.extensions, "trace": self._trace}
-        response = self._inner.handle_request(request)
-        self.server = response.headers.get("server")
-        return response
+        closed_kept = 0
+        while True:
+            sent = _Sent()
+            request.extensions = {**request.extensions, "trace": functools.partial(self._trace, sent)}
+            try:
+                response = self._inner.handle_request(request)
+            except (httpx2.RemoteProtocolError, httpx2.ReadError, httpx2.WriteError):
+                # on a new connection, or cut by abort(), or with a body that cannot be read twice: the
+                # failure is the server's answer (or ours), not a kept connection's end
+                if (
+                    sent.connected
+                    or not self._traced
+                    or self._aborted
+                    or not isinstance(request.stream, httpx2.ByteStream)
+                    or closed_kept == _KEPT_CONNECTIONS_TRIED
+                ):
+                    raise
+                closed_kept += 1
+                continue
+            self.server = response.headers.get("server")
+            return response
 
     @property
     def aborted(self) -> bool:

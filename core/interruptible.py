@@ -62,13 +62,23 @@ class _Outcome(Generic[T]):
         self.error: BaseException | None = None
 
 
+#: How long the work may take to return once its result is whole, with the cut that wakes it.
+_CUT_RETURNS_WITHIN = 5.0
+
+
 @dataclass(frozen=True)
 class StallLimit:
     """A bound on the silence of work that has started to flow: `silence()` is the seconds since it last
-    moved (None while it has not started), `seconds` how long that may grow."""
+    moved (None while it has not started), `seconds` how long that may grow.
+
+    `whole()` is the seconds since the work's result became whole while the work goes on (None until
+    then: a stream's last event came, and its connection is being read to the end); past `linger`, the
+    work is cut off (`on_abandon`) and its result stands."""
 
     silence: Callable[[], float | None]
     seconds: float
+    whole: Callable[[], float | None] = lambda: None
+    linger: float = 1.0
 
 
 def call_interruptibly(
@@ -101,15 +111,20 @@ def call_interruptibly(
 
     worker = threading.Thread(target=run, name=name, daemon=True)
     worker.start()
-    stalled = _wait(outcome, signal, timeout, stall)
+    ended = _wait(outcome, signal, timeout, stall)
     if signal.is_set():
         # An interrupt wins even over a reply that completed in the same instant: the user asked to stop.
         if not outcome.done:
             on_abandon()
         raise TurnInterrupted()
+    if not outcome.done and ended == "lingered":
+        on_abandon()  # what it still reads is not the result: the cut makes it return what it has
+        signal.wait_until(lambda: outcome.done, _CUT_RETURNS_WITHIN)
+        if signal.is_set() and not outcome.done:
+            raise TurnInterrupted()
     if not outcome.done:
         on_abandon()
-        if stalled and stall is not None:
+        if ended == "stalled" and stall is not None:
             raise ProviderError(
                 f"the stream stalled: nothing arrived for {stall.seconds:g} s", reason="dropped_stream"
             )
@@ -119,16 +134,23 @@ def call_interruptibly(
     return outcome.value  # type: ignore[return-value]
 
 
-def _wait(outcome: _Outcome[T], signal: InterruptSignal, timeout: float, stall: StallLimit | None) -> bool:
-    """Wait for the outcome, the signal or the timeout; True when it ended on a stall instead."""
+def _wait(outcome: _Outcome[T], signal: InterruptSignal, timeout: float, stall: StallLimit | None) -> str:
+    """Wait for the outcome, the signal or the timeout: "done" (or timed out, or signalled); "stalled"
+    when the work fell silent; "lingered" when its result was whole and it went on past `linger`. The
+    worker notifies `signal` when its result becomes whole."""
     deadline = time.monotonic() + timeout
     while True:
         left = deadline - time.monotonic()
         if stall is not None:
+            whole = stall.whole()
+            if whole is not None:
+                if whole >= stall.linger:
+                    return "lingered"
+                left = min(left, stall.linger - whole)
             silence = stall.silence()
             if silence is not None and silence >= stall.seconds:
-                return True
+                return "stalled"
             # Before the work flows, look again every `seconds`: it may start, and then stall, meanwhile.
             left = min(left, stall.seconds - (silence or 0.0))
         if signal.wait_until(lambda: outcome.done, max(left, 0.0)) or time.monotonic() >= deadline:
-            return False
+            return "done"

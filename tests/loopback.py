@@ -31,6 +31,10 @@ class Reply:
         delay: seconds to wait before answering (a client hang-up ends the wait).
         cut: stop the stream before the finish_reason chunk and close the connection.
         unended: send the whole stream, then close the connection without the chunked body's end.
+        held_open: send the whole stream, then neither end the body nor close the connection (until the
+            client hangs up, or 60 s).
+        unanswered: close the connection without a word, as a server does whose keep-alive ran out the
+            instant the request came.
         status: an HTTP error status to answer with instead (body from `error_body`).
         finish_reason: overrides the natural one.
         reasoning: reasoning_content to stream before the text.
@@ -47,6 +51,8 @@ class Reply:
     delay: float = 0.0
     cut: bool = False
     unended: bool = False
+    held_open: bool = False
+    unanswered: bool = False
     status: int = 200
     error_body: dict[str, Any] | None = None
     headers: dict[str, str] = field(default_factory=dict)
@@ -195,6 +201,10 @@ class ScriptedServer:
                     self._send_json(200, embeddings(body), {})
                     return
                 reply = server._next_reply(body)
+                if reply.unanswered:
+                    self.close_connection = True
+                    self.connection.shutdown(socket.SHUT_RDWR)
+                    return
                 if reply.delay and not self._wait(reply.delay):
                     with server._arrivals:
                         server.hangups += 1
@@ -259,7 +269,11 @@ class ScriptedServer:
                                 server._arrivals.notify_all()
                             self.close_connection = True
                             return
-                    if reply.cut or reply.unended:
+                    if reply.held_open and not self._wait(60):
+                        with server._arrivals:
+                            server.hangups += 1
+                            server._arrivals.notify_all()
+                    if reply.cut or reply.unended or reply.held_open:
                         self.close_connection = True
                         self.connection.shutdown(socket.SHUT_RDWR)
                         return

@@ -115,6 +115,24 @@ def test_agents_sharing_sdk_clients_take_turns_on_one_connection(server: Scripte
     assert len({first, third, alone}) == 3
 
 
+def test_sdk_clients_keep_only_the_newest_few_whatever_their_keys(server: ScriptedServer, make_agent) -> None:
+    """A key that changes every message (an api_key_command handing out short-lived keys) leaves at most
+    `keep` connections open: the oldest key's client is closed, the newest's is lent again."""
+    server.default = lambda body: Reply(text="ok")
+    clients = SdkClients(keep=2)
+    for number in range(4):
+        with make_agent(sdk_clients=clients, api_key=f"key-{number}") as agent:
+            agent.chat("hello")
+    for number in (0, 3):
+        with make_agent(sdk_clients=clients, api_key=f"key-{number}") as agent:
+            agent.chat("hello")
+    clients.close()
+    peers = [request.peer for request in server.requests]
+    assert len(set(peers[:4])) == 4
+    assert peers[4] not in peers[:4]  # key-0's client was the oldest of four: closed, not kept
+    assert peers[5] == peers[3]  # key-3's was among the newest two: lent again, its connection open
+
+
 def test_a_body_that_breaks_off_after_its_last_event_still_gives_the_whole_answer(
     server: ScriptedServer, make_agent
 ) -> None:
@@ -126,6 +144,46 @@ def test_a_body_that_breaks_off_after_its_last_event_still_gives_the_whole_answe
         assert agent.chat("again") == "asked twice"  # on a new connection
     first, second = server.requests
     assert first.peer != second.peer
+
+
+def test_a_stream_whose_body_never_ends_after_its_last_event_gives_the_answer_and_is_cut(
+    server: ScriptedServer, make_agent, home: Path
+) -> None:
+    """A server that sends `[DONE]` and then keeps the body open is waited for a moment, then cut off;
+    the answer stands, and it is not asked again (with no retries, a wait for the body's end would have
+    failed the turn as a stalled stream)."""
+    (home / "config.yaml").write_text("agent:\n  stream_stall_timeout: 5\n  api_max_retries: 0\n")
+    server.add(Reply(text="whole answer", held_open=True), Reply(text="next"))
+    with make_agent() as agent:
+        assert agent.chat("hello") == "whole answer"
+        assert server.wait_for_hangups(1)  # cut off, not left holding the server's connection
+        assert agent.chat("again") == "next"
+    first, second = server.requests
+    assert first.peer != second.peer  # the cut connection is not used again
+
+
+def test_a_request_whose_kept_connection_the_server_closed_is_sent_again_on_a_new_one(
+    server: ScriptedServer, make_agent
+) -> None:
+    """A server closes an idle connection when its keep-alive runs out; a call that set off on it in
+    that instant is sent again at once on a new connection, not failed (no retries are configured)."""
+    server.add(Reply(text="one"), Reply(unanswered=True), Reply(text="two"))
+    with make_agent() as agent:
+        assert agent.chat("hello") == "one"
+        assert agent.chat("again") == "two"
+    first, closed, again = (request.peer for request in server.requests)
+    assert closed == first  # it went on the kept connection
+    assert again != closed
+
+
+def test_a_new_connection_closed_without_an_answer_is_not_sent_again(
+    server: ScriptedServer, make_agent
+) -> None:
+    """On a connection of its own the hang-up is the server's answer: the call fails, once."""
+    server.add(Reply(unanswered=True), Reply(text="asked twice"))
+    with make_agent() as agent:
+        assert agent.run_conversation("hello")["exit_reason"] == "error"
+    assert len(server.requests) == 1
 
 
 def test_a_connection_cut_by_an_interrupt_is_not_lent_to_the_next_agent(

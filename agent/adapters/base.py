@@ -7,6 +7,7 @@ import functools
 import json
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -113,9 +114,21 @@ class CallHandle:
     long prompt is silent for a long time before it answers, and that is not a stall.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, wake: Callable[[], None] = lambda: None) -> None:
         self.abandoned = False
         self.last_heard: float | None = None
+        self.whole_at: float | None = None
+        self._wake = wake  # the waiting thread, to look again
+
+    def answer_whole(self) -> None:
+        """The answer's last event came (what follows is only the end of its connection): the waiting
+        thread gives the rest a moment, then cuts it off and keeps the answer."""
+        self.whole_at = time.monotonic()
+        self._wake()
+
+    def whole(self) -> float | None:
+        """Seconds since the answer became whole; None before."""
+        return None if self.whole_at is None else time.monotonic() - self.whole_at
 
     def answer_moved(self) -> None:
         """A piece of the answer arrived: the stall clock starts, or starts over."""
@@ -248,6 +261,8 @@ class WireAdapter(ABC):
             stream=True,
             stream_cls=self.stream_class(),
         )
+        if hasattr(chunks, "on_whole"):
+            chunks.on_whole = handle.answer_whole
         assembler = self.assembler(_Heard(events, handle))
         try:
             for chunk in chunks:
@@ -274,13 +289,17 @@ def _stream_to_the_end() -> Any:
     class StreamToTheEnd(Stream[object]):
         """openai's Stream, except that after `[DONE]` it reads the body to its end before the SDK
         closes it: a body closed unread (its last chunk, the few bytes after `[DONE]`) costs its
-        connection, and the next call would open a new one (for a provider, a new TLS handshake)."""
+        connection, and the next call would open a new one (for a provider, a new TLS handshake).
+        `on_whole` is called at `[DONE]`: a server that never ends the body is cut off (CallHandle)."""
+
+        on_whole: Callable[[], None] = staticmethod(lambda: None)
 
         def _iter_events(self) -> Any:
             events = super()._iter_events()
             for event in events:
                 if event.data.startswith("[DONE]"):
-                    # the answer is whole: a body that breaks off now only costs the connection
+                    self.on_whole()
+                    # the answer is whole: a body that breaks off now (or is cut) only costs the connection
                     with contextlib.suppress(APIConnectionError, APITimeoutError):
                         for _ in events:
                             pass
