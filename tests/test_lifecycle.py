@@ -146,15 +146,17 @@ def test_a_body_that_breaks_off_after_its_last_event_still_gives_the_whole_answe
     assert first.peer != second.peer
 
 
+@pytest.mark.parametrize("api_mode", ["chat_completions", "anthropic_messages", "codex_responses"])
 def test_a_stream_whose_body_never_ends_after_its_last_event_gives_the_answer_and_is_cut(
-    server: ScriptedServer, make_agent, home: Path
+    server: ScriptedServer, make_agent, home: Path, api_mode: str
 ) -> None:
-    """A server that sends `[DONE]` and then keeps the body open is waited for a moment, then cut off;
-    the answer stands, and it is not asked again (with no retries, a wait for the body's end would have
-    failed the turn as a stalled stream)."""
+    """A server that sends a stream's last event (`[DONE]`, `message_stop`, `response.completed`) and
+    then keeps the body open is waited for a moment, then cut off; the answer stands, and it is not
+    asked again (with no retries, a wait for the body's end would have failed the turn as stalled)."""
     (home / "config.yaml").write_text("agent:\n  stream_stall_timeout: 5\n  api_max_retries: 0\n")
     server.add(Reply(text="whole answer", held_open=True), Reply(text="next"))
-    with make_agent() as agent:
+    base_url = server.root_url if api_mode == "anthropic_messages" else server.base_url
+    with make_agent(api_mode=api_mode, base_url=base_url) as agent:
         assert agent.chat("hello") == "whole answer"
         assert server.wait_for_hangups(1)  # cut off, not left holding the server's connection
         assert agent.chat("again") == "next"

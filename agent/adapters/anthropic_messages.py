@@ -123,6 +123,10 @@ class AnthropicStreamAssembler:
         elif kind == "message_stop":
             self._stopped = True
 
+    @property
+    def complete(self) -> bool:
+        return self._stopped
+
     def _delta(self, index: int, delta: dict[str, Any]) -> None:
         block = self._blocks.setdefault(index, {"type": "text", "text": ""})
         kind = delta.get("type")

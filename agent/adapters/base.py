@@ -123,8 +123,9 @@ class CallHandle:
     def answer_whole(self) -> None:
         """The answer's last event came (what follows is only the end of its connection): the waiting
         thread gives the rest a moment, then cuts it off and keeps the answer."""
-        self.whole_at = time.monotonic()
-        self._wake()
+        if self.whole_at is None:
+            self.whole_at = time.monotonic()
+            self._wake()
 
     def whole(self) -> float | None:
         """Seconds since the answer became whole; None before."""
@@ -184,9 +185,13 @@ class WireRequest:
 
 
 class StreamAssembler(Protocol):
-    """Builds one reply from a stream's events; `finish()` raises if the stream never completed."""
+    """Builds one reply from a stream's events; `finish()` raises if the stream never completed.
+    `complete` turns True with the stream's last event (what follows is only the body's end)."""
 
     def feed(self, event: Any) -> None: ...
+
+    @property
+    def complete(self) -> bool: ...
 
     def finish(self) -> NormalizedResponse: ...
 
@@ -270,13 +275,16 @@ class WireAdapter(ABC):
                     break
                 handle.event_arrived()
                 assembler.feed(chunk)
-        except httpx2.TransportError as exc:
-            raise ProviderError(f"the connection dropped mid-stream: {exc}", reason="dropped_stream") from exc
+                if assembler.complete:
+                    handle.answer_whole()
         except Exception as exc:
             # The SDKs wrap transport errors in their own APIConnectionError; the rest is theirs to raise.
-            if type(exc).__name__ not in ("APIConnectionError", "APITimeoutError"):
+            sdk_dropped = type(exc).__name__ in ("APIConnectionError", "APITimeoutError")
+            if not (sdk_dropped or isinstance(exc, httpx2.TransportError)):
                 raise
-            raise ProviderError(f"the connection dropped mid-stream: {exc}", reason="dropped_stream") from exc
+            if handle.whole() is None:  # else only the body's end was cut: the answer is all there
+                message = f"the connection dropped mid-stream: {exc}"
+                raise ProviderError(message, reason="dropped_stream") from exc
         finally:
             chunks.response.close()
         return self.finish_reply(assembler.finish(), body)

@@ -188,6 +188,12 @@ class ChatStreamAssembler:
         if function.get("arguments"):
             call["arguments"].append(function["arguments"])
 
+    @property
+    def complete(self) -> bool:
+        """Never from the chunks: a usage chunk may follow the finish_reason, and `[DONE]`, which ends
+        the stream, never reaches the assembler (the Stream reports it: `StreamToTheEnd.on_whole`)."""
+        return False
+
     def finish(self) -> NormalizedResponse:
         if self._finish_reason is None:
             raise ProviderError("the stream ended before the reply was complete", reason="dropped_stream")

@@ -116,6 +116,10 @@ class ResponsesStreamAssembler:
                 f"the stream reported an error: {event.get('message') or event}", reason="server"
             )
 
+    @property
+    def complete(self) -> bool:
+        return self._final is not None
+
     def finish(self) -> NormalizedResponse:
         if self._final is None:
             raise ProviderError("the stream ended before the reply was complete", reason="dropped_stream")
