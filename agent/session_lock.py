@@ -9,7 +9,6 @@ exits, however it exits, so a crash never leaves a session locked.
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import hashlib
 import os
@@ -25,6 +24,10 @@ if TYPE_CHECKING:
     from run_agent import AIAgent
 
 _Agent = TypeVar("_Agent", bound="AIAgent")
+
+
+#: Digits a pid is written in (Linux's pid_max is at most 4194304), padded with spaces.
+_PID_WIDTH = 10
 
 
 class SessionBusy(MibyanError):
@@ -79,23 +82,26 @@ class SessionLock:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
+            holder = os.pread(fd, 32, 0).decode(errors="replace").partition("\n")[0].strip()
             os.close(fd)
             who = f" (pid {holder})" if holder.isdigit() else ""
             raise SessionBusy(
                 f"session {self.asked} is being run by another process right now{who}; "
                 "try again when it is done, or start a new session"
             ) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        # The holder's pid, for a refusal to name. Written in place at one width (a file that changes
+        # size costs the filesystem a block each time: a gateway takes a session's lock per message),
+        # and not at all when it says so already (this process held it last).
+        mark = f"{os.getpid():<{_PID_WIDTH}}\n".encode()
+        if os.pread(fd, len(mark) + 1, 0) != mark:
+            os.pwrite(fd, mark, 0)
         self._fd = fd
         return self
 
     def release(self) -> None:
-        """Let the session go (the file stays: removing it would let two processes lock two files)."""
+        """Let the session go (the file stays: removing it would let two processes lock two files; its
+        pid is of the last holder, read only while another holds it, who wrote its own on taking it)."""
         if self._fd is not None:
-            with contextlib.suppress(OSError):
-                os.ftruncate(self._fd, 0)
             os.close(self._fd)  # closing drops the flock
             self._fd = None
 

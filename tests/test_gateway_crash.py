@@ -145,5 +145,6 @@ def test_a_chat_cannot_resume_a_session_a_gateway_is_running(
 
     assert refused.returncode == 2
     assert refused.stderr.count("\n") == 1 and "being run by another process" in refused.stderr
+    assert f"(pid {os.getpid()})" in refused.stderr  # the gateway (on a thread here) holds it
     assert len(server.requests) == 2 and resumed.returncode == 0, resumed.stderr
     assert [m["role"] for m in stored(home, session)] == ["user", "assistant", "user", "assistant"]
