@@ -7,6 +7,7 @@ provider stops generating, and whatever the worker still produces is discarded.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Callable
@@ -120,8 +121,11 @@ def call_interruptibly(
     if not outcome.done and ended == "lingered":
         on_abandon()  # what it still reads is not the result: the cut makes it return what it has
         signal.wait_until(lambda: outcome.done, _CUT_RETURNS_WITHIN)
-        if signal.is_set() and not outcome.done:
+        if signal.is_set():
             raise TurnInterrupted()
+        if not outcome.done:
+            message = "the stream's connection could not be cut after its end"
+            raise ProviderError(message, reason="dropped_stream")
     if not outcome.done:
         on_abandon()
         if ended == "stalled" and stall is not None:
@@ -152,5 +156,18 @@ def _wait(outcome: _Outcome[T], signal: InterruptSignal, timeout: float, stall: 
                 return "stalled"
             # Before the work flows, look again every `seconds`: it may start, and then stall, meanwhile.
             left = min(left, stall.seconds - (silence or 0.0))
-        if signal.wait_until(lambda: outcome.done, max(left, 0.0)) or time.monotonic() >= deadline:
+        # woken when the work ends, or when its result becomes whole (the linger starts)
+        signal.wait_until(functools.partial(_woken, outcome, _turns_whole(stall)), max(left, 0.0))
+        if outcome.done or signal.is_set() or time.monotonic() >= deadline:
             return "done"
+
+
+def _turns_whole(stall: StallLimit | None) -> Callable[[], bool]:
+    """True once the work's result is whole, when it is not whole yet now (else never)."""
+    if stall is None or stall.whole() is not None:
+        return lambda: False
+    return lambda: stall.whole() is not None
+
+
+def _woken(outcome: _Outcome[T], turned_whole: Callable[[], bool]) -> bool:
+    return outcome.done or turned_whole()
