@@ -6,9 +6,10 @@ shut down: that wakes the reader with an error and tells the provider to stop ge
 learns each connection's socket through httpcore's public `trace` request extension.
 
 It also sends a request again, at once and on another connection, when a kept-alive connection it was
-sent on turned out closed before any answer came: a server closes an idle connection when its keep-alive
-runs out (uvicorn's after 5 s), and a request that set off in that instant finds it gone. The server read
-nothing of it (it was closing), so sending it again is what it should have been: the first send.
+sent on turned out closed the moment it was sent: a server closes an idle connection when its keep-alive
+runs out (uvicorn's after 5 s), and a request that set off in that instant finds it gone, unread. Only
+then: a connection that fails later, or a new one, failed a request the server may have read and worked
+on (a model call is not to be made twice), and that failure stands.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import functools
 import socket
 import ssl
 import threading
+import time
 import weakref
 from typing import Any
 
@@ -39,10 +41,23 @@ def shared_ssl_context() -> ssl.SSLContext:
 _KEPT_CONNECTIONS_TRIED = 4
 
 
+#: Seconds after its body was written within which a kept connection's failure is the race with the
+#: server's close (its answer to what it did not read comes back within a round trip).
+_CLOSED_UNREAD_WITHIN = 0.25
+
+
 class _Sent:
-    """What happened to one send of a request: whether it opened a new connection."""
+    """What happened to one send of a request: whether it opened a new connection, and when its body
+    was written (None while it was not, wholly)."""
 
     connected = False
+    written_at: float | None = None
+
+    def closed_unread(self) -> bool:
+        """The kept connection it went on was closed by the server before it read the request."""
+        return not self.connected and (
+            self.written_at is None or time.monotonic() - self.written_at <= _CLOSED_UNREAD_WITHIN
+        )
 
 
 class AbortableTransport(httpx2.BaseTransport):
@@ -65,6 +80,8 @@ class AbortableTransport(httpx2.BaseTransport):
     def _trace(self, sent: _Sent, event: str, info: dict[str, Any]) -> None:
         if event in ("connection.connect_tcp.started", "connection.connect_unix_socket.started"):
             sent.connected = True
+        elif event == "http11.send_request_body.complete":
+            sent.written_at = time.monotonic()
         elif event == "connection.connect_tcp.complete":
             stream = info.get("return_value")
             sock = stream.get_extra_info("socket") if stream is not None else None
@@ -85,10 +102,10 @@ class AbortableTransport(httpx2.BaseTransport):
             try:
                 response = self._inner.handle_request(request)
             except (httpx2.RemoteProtocolError, httpx2.ReadError, httpx2.WriteError):
-                # on a new connection, or cut by abort(), or with a body that cannot be read twice: the
-                # failure is the server's answer (or ours), not a kept connection's end
+                # on a new connection or later than the close's race, cut by abort(), or with a body that
+                # cannot be read twice: the failure is the server's answer (or ours), not a kept one's end
                 if (
-                    sent.connected
+                    not sent.closed_unread()
                     or not self._traced
                     or self._aborted
                     or not isinstance(request.stream, httpx2.ByteStream)

@@ -33,8 +33,8 @@ class Reply:
         unended: send the whole stream, then close the connection without the chunked body's end.
         held_open: send the whole stream, then neither end the body nor close the connection (until the
             client hangs up, or 60 s).
-        unanswered: close the connection without a word, as a server does whose keep-alive ran out the
-            instant the request came.
+        unanswered: close the connection without a word (after `delay`), as a server does whose
+            keep-alive ran out the instant the request came (or that fell over while working on it).
         status: an HTTP error status to answer with instead (body from `error_body`).
         finish_reason: overrides the natural one.
         reasoning: reasoning_content to stream before the text.
@@ -201,15 +201,15 @@ class ScriptedServer:
                     self._send_json(200, embeddings(body), {})
                     return
                 reply = server._next_reply(body)
-                if reply.unanswered:
-                    self.close_connection = True
-                    self.connection.shutdown(socket.SHUT_RDWR)
-                    return
                 if reply.delay and not self._wait(reply.delay):
                     with server._arrivals:
                         server.hangups += 1
                         server._arrivals.notify_all()
                     self.close_connection = True
+                    return
+                if reply.unanswered:
+                    self.close_connection = True
+                    self.connection.shutdown(socket.SHUT_RDWR)
                     return
                 wire = server._wire_for(self.path)
                 if reply.status != 200:

@@ -119,14 +119,10 @@ def test_sdk_clients_keep_only_the_newest_few_whatever_their_keys(server: Script
     """A key that changes every message (an api_key_command handing out short-lived keys) leaves at most
     `keep` connections open: the oldest key's client is closed, the newest's is lent again."""
     server.default = lambda body: Reply(text="ok")
-    clients = SdkClients(keep=2)
-    for number in range(4):
-        with make_agent(sdk_clients=clients, api_key=f"key-{number}") as agent:
-            agent.chat("hello")
-    for number in (0, 3):
-        with make_agent(sdk_clients=clients, api_key=f"key-{number}") as agent:
-            agent.chat("hello")
-    clients.close()
+    with SdkClients(keep=2) as clients:
+        for number in (0, 1, 2, 3, 0, 3):
+            with make_agent(sdk_clients=clients, api_key=f"key-{number}") as agent:
+                agent.chat("hello")
     peers = [request.peer for request in server.requests]
     assert len(set(peers[:4])) == 4
     assert peers[4] not in peers[:4]  # key-0's client was the oldest of four: closed, not kept
@@ -152,8 +148,8 @@ def test_a_stream_whose_body_never_ends_after_its_last_event_gives_the_answer_an
 ) -> None:
     """A server that sends a stream's last event (`[DONE]`, `message_stop`, `response.completed`) and
     then keeps the body open is waited for a moment, then cut off; the answer stands, and it is not
-    asked again (with no retries, a wait for the body's end would have failed the turn as stalled)."""
-    (home / "config.yaml").write_text("agent:\n  stream_stall_timeout: 5\n  api_max_retries: 0\n")
+    asked again (a wait for the body's end would have lasted the server's minute: no hang-up)."""
+    (home / "config.yaml").write_text("agent:\n  stream_stall_timeout: 120\n  api_max_retries: 0\n")
     server.add(Reply(text="whole answer", held_open=True), Reply(text="next"))
     base_url = server.root_url if api_mode == "anthropic_messages" else server.base_url
     with make_agent(api_mode=api_mode, base_url=base_url) as agent:
@@ -178,6 +174,19 @@ def test_a_request_whose_kept_connection_the_server_closed_is_sent_again_on_a_ne
     assert again != closed
 
 
+def test_a_kept_connection_closed_while_the_server_worked_on_the_request_is_not_sent_again(
+    server: ScriptedServer, make_agent
+) -> None:
+    """A server that read the call and worked on it before it fell over may have made it: it is not
+    made again behind the user's back (no retries are configured)."""
+    server.add(Reply(text="one"), Reply(unanswered=True, delay=1.0), Reply(text="made twice"))
+    with make_agent() as agent:
+        assert agent.chat("hello") == "one"
+        assert agent.run_conversation("again")["exit_reason"] == "error"
+    assert len(server.requests) == 2
+    assert server.requests[1].peer == server.requests[0].peer  # it went on the kept connection
+
+
 def test_a_new_connection_closed_without_an_answer_is_not_sent_again(
     server: ScriptedServer, make_agent
 ) -> None:
@@ -192,21 +201,20 @@ def test_a_connection_cut_by_an_interrupt_is_not_lent_to_the_next_agent(
     server: ScriptedServer, make_agent
 ) -> None:
     server.add(Reply(text="too late", delay=30), Reply(text="answered"))
-    clients = SdkClients()
-    agent = make_agent(sdk_clients=clients)
-    worker, outcome = run_in_background(agent, "take your time")
-    assert server.wait_for_requests(1)
-    agent.interrupt()
-    worker.join(10)
-    agent.close()
-    assert outcome["interrupted"] is True
-    assert server.wait_for_hangups(1)  # the provider saw the hang-up: it stops generating for nobody
+    with SdkClients() as clients:
+        agent = make_agent(sdk_clients=clients)
+        worker, outcome = run_in_background(agent, "take your time")
+        assert server.wait_for_requests(1)
+        agent.interrupt()
+        worker.join(10)
+        agent.close()
+        assert outcome["interrupted"] is True
+        assert server.wait_for_hangups(1)  # the provider saw the hang-up: it stops generating for nobody
 
-    with make_agent(sdk_clients=clients) as after:
-        assert after.chat("hello") == "answered"
+        with make_agent(sdk_clients=clients) as after:
+            assert after.chat("hello") == "answered"
     cut, answered = (request.peer for request in server.requests)
     assert cut != answered
-    clients.close()
 
 
 @pytest.mark.parametrize("command", ["/new", "/model gpt-4o"])
