@@ -251,13 +251,11 @@ class ProviderState:
 
     def release_client(self) -> None:
         """The run is over: its client goes back to `clients` for the next run (else it is closed)."""
-        client, self.client = self.client, None
-        if client is None:
+        if self.clients is None or self.client is None:
+            self.drop_client()
             return
-        if self.clients is None:
-            client[0].close()
-        else:
-            self.clients.give_back(self._client_key, client)
+        client, self.client = self.client, None
+        self.clients.give_back(self._client_key, client)
 
     def switch_to(self, runtime: ProviderRuntime, settings: AgentSettings) -> None:
         self.runtime = runtime
@@ -303,6 +301,12 @@ class SdkClients:
                 del self._idle[:oldest]
         for surplus in closing:
             surplus[0].close()
+
+    def __enter__(self) -> SdkClients:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
 
     def close(self) -> None:
         """Close every kept client; what is given back from now on is closed."""

@@ -124,8 +124,9 @@ class Ledger:
 
     def undelivered(self, within: float, before: float) -> list[Reply]:
         """Replies recorded before `before` (this run's start) but never sent; those older than `within`
-        seconds are marked stale instead. Where gateways share the store, only those whose gateway is
-        gone, which are this one's to send from now on."""
+        seconds are marked stale instead (where gateways share the store, whichever recorded them: one
+        still sending its reply marks it sent all the same). Where gateways share the store, only the
+        replies whose gateway is gone, which are this one's to send from now on."""
         leases = self.store.leases
         if self.sender is None or leases is None:
             return [_reply(r) for r in self.store.ledger.undelivered(time.time() - within, before)]
