@@ -147,15 +147,16 @@ def _wait(outcome: _Outcome[T], signal: InterruptSignal, timeout: float, stall: 
         left = deadline - time.monotonic()
         if stall is not None:
             whole = stall.whole()
-            if whole is not None:
+            if whole is not None:  # a whole result does not stall: what is left is only its end
                 if whole >= stall.linger:
                     return "lingered"
                 left = min(left, stall.linger - whole)
-            silence = stall.silence()
-            if silence is not None and silence >= stall.seconds:
-                return "stalled"
-            # Before the work flows, look again every `seconds`: it may start, and then stall, meanwhile.
-            left = min(left, stall.seconds - (silence or 0.0))
+            else:
+                silence = stall.silence()
+                if silence is not None and silence >= stall.seconds:
+                    return "stalled"
+                # Before the work flows, look again every `seconds`: it may start, and stall, meanwhile.
+                left = min(left, stall.seconds - (silence or 0.0))
         # woken when the work ends, or when its result becomes whole (the linger starts)
         signal.wait_until(functools.partial(_woken, outcome, _turns_whole(stall)), max(left, 0.0))
         if outcome.done or signal.is_set() or time.monotonic() >= deadline:

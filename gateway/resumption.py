@@ -54,6 +54,9 @@ def not_to_resume(entry: InboxEntry, instance: AgentInstance | None) -> str | No
     request = RunRequest.from_record(entry.request)
     if request.approval_answer:
         return "the question it answered died with the last run"
-    if request.one_off and entry.message_key is None:
-        return "a one-off conversation without an Idempotency-Key, whose reply nobody can collect"
+    if entry.message_key is None:
+        # only HTTP has messages without an id: its client collects a reply by repeating the request
+        # with the same key, and was told to repeat it; without a key the repeat is a new message, and
+        # the turn run here too would be run twice (its answer to nobody)
+        return "a request without an Idempotency-Key, whose reply nobody can collect (its client repeats it)"
     return None

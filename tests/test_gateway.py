@@ -687,6 +687,31 @@ def test_a_turn_still_running_after_the_grace_is_interrupted_and_answered_after_
     ]
 
 
+def test_a_turn_cut_by_a_stop_without_an_idempotency_key_is_run_once_by_its_repeat_not_also_by_the_restart(
+    server: ScriptedServer, home: Path, start_gateway: Any
+) -> None:
+    """The client is told to repeat the request; without a key its repeat is a new message, so the
+    restarted gateway does not run the cut one as well (a second model call, an answer to nobody)."""
+    write_config(home, {"local": server.base_url}, [MEEPA], gateway={"shutdown_grace": 0})
+    server.add(Reply(text="too slow", delay=60), Reply(text="the repeat's answer"), Reply(text="run twice"))
+    gateway = start_gateway(home)
+    with ThreadPoolExecutor(1) as pool:
+        cut = pool.submit(ask, gateway, "a long question", channel="kim")
+        assert server.wait_for_requests(1)
+        assert gateway.terminate() == 0
+        with pytest.raises(openai.APIStatusError) as refused:
+            cut.result()
+    assert refused.value.status_code == 503
+    assert "repeat the request" in refused.value.message
+
+    with start_gateway(home) as restarted:  # a resumed message would run first: the channel is a FIFO
+        repeated = ask(restarted, "a long question", channel="kim")
+
+    assert repeated.parse().choices[0].message.content == "the repeat's answer"
+    assert len(server.requests) == 2
+    assert "without an Idempotency-Key" in (home / "logs" / "gateway.log").read_text()
+
+
 def test_a_long_session_is_compressed_after_its_answer_is_delivered(
     server: ScriptedServer, home: Path, start_gateway: Any
 ) -> None:

@@ -160,6 +160,17 @@ def test_a_stream_whose_body_never_ends_after_its_last_event_gives_the_answer_an
     assert first.peer != second.peer  # the cut connection is not used again
 
 
+def test_a_whole_answer_whose_body_is_held_open_is_kept_even_with_a_stall_timeout_below_the_wait(
+    server: ScriptedServer, make_agent, home: Path
+) -> None:
+    """Once the last event came the answer cannot stall: a stall timeout shorter than the moment it is
+    given to end does not fail it."""
+    (home / "config.yaml").write_text("agent:\n  stream_stall_timeout: 0.3\n  api_max_retries: 0\n")
+    server.add(Reply(text="whole answer", held_open=True))
+    with make_agent() as agent:
+        assert agent.chat("hello") == "whole answer"
+
+
 def test_a_request_whose_kept_connection_the_server_closed_is_sent_again_on_a_new_one(
     server: ScriptedServer, make_agent
 ) -> None:
