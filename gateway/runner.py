@@ -179,6 +179,11 @@ class Gateway:
                 instance = self.agents.get(entry.channel.split("/", 1)[0])
                 if instance is None or entry.id in self._waiting or not self._accepting:
                     continue
+                refused = not_to_resume(entry, instance)  # as at a restart: the same cut-off message
+                if refused is not None:
+                    log.warning("message %s on %s is not run again: %s", entry.id, entry.channel, refused)
+                    await self._ledger(functools.partial(self.ledger.set_status, entry.id, "failed"))
+                    continue
                 log.info("channel %s: its gateway stopped; taking message %s over", entry.channel, entry.id)
                 self._enqueue(entry, RunRequest.from_record(entry.request), instance)
 

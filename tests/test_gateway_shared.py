@@ -108,6 +108,34 @@ def test_a_gateway_killed_mid_call_has_its_message_answered_once_by_the_other(
     assert len(server.requests) == 3  # the killed gateway's call, the other's for that message, the next
 
 
+def test_a_killed_gateways_message_without_an_idempotency_key_is_not_run_again_by_another(
+    server: ScriptedServer, tmp_path: Path, pg_url: str
+) -> None:
+    """As at a restart: its client, cut off, repeats it as a new message; taken over, it would be asked
+    of the model twice, its answer to nobody."""
+    release = _held_first_call(server)
+    homes = [_home(tmp_path, name, server, pg_url, lease_seconds=2) for name in ("doomed", "other")]
+    with RunningGateway(homes[0]) as doomed, RunningGateway(homes[1]) as other:
+        asked = threading.Thread(target=_ask_ignoring_failure, args=(doomed, "keyless", None, False))
+        asked.start()
+        assert server.wait_for_requests(1)
+        with SessionStore.at_url(pg_url) as store:
+            (cut,) = store.ledger.unfinished()
+        doomed.kill()
+        release.set()
+        asked.join(60)
+
+        def status() -> str:
+            with SessionStore.at_url(pg_url) as store:
+                return str((store.ledger.inbound(cut["id"]) or {}).get("status"))
+
+        assert wait_until(lambda: status() in ("failed", "answered") or None, timeout=60)
+        assert status() == "failed"
+        assert _say_in_order(other, ["keyless"]) == ["echo 2: keyless"]  # the repeat, run once
+    assert len(server.requests) == 2
+    assert "without an Idempotency-Key" in _log(homes[1])
+
+
 def test_a_killed_gateways_messages_running_and_queued_are_answered_at_once_by_another(
     server: ScriptedServer, tmp_path: Path, pg_url: str
 ) -> None:
@@ -146,13 +174,15 @@ def test_a_killed_gateways_messages_running_and_queued_are_answered_at_once_by_a
     assert len(server.requests) == 4  # the killed gateway's call, then the other's three
 
 
-def _ask_ignoring_failure(gateway: RunningGateway, text: str, outcomes: list[str] | None = None) -> None:
-    """Ask on the channel; `outcomes` gets "answered" or "failed" (a killed gateway's client fails)."""
+def _ask_ignoring_failure(
+    gateway: RunningGateway, text: str, outcomes: list[str] | None = None, keyed: bool = True
+) -> None:
+    """Ask on the channel (with the text as its Idempotency-Key, as a client that collects its reply by
+    repeating it: unless not `keyed`); `outcomes` gets "answered" or "failed" (a killed gateway's fails)."""
+    headers = {"X-Mibyan-Channel": "team", **({"Idempotency-Key": text} if keyed else {})}
     try:
         gateway.client().chat.completions.create(
-            model="meepa",
-            messages=[{"role": "user", "content": text}],
-            extra_headers={"X-Mibyan-Channel": "team"},
+            model="meepa", messages=[{"role": "user", "content": text}], extra_headers=headers
         )
         said = "answered"
     except openai.APIError:
