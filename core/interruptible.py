@@ -145,8 +145,8 @@ def _wait(outcome: _Outcome[T], signal: InterruptSignal, timeout: float, stall: 
     deadline = time.monotonic() + timeout
     while True:
         left = deadline - time.monotonic()
+        whole = None if stall is None else stall.whole()  # read once: the wake-up below goes by it
         if stall is not None:
-            whole = stall.whole()
             if whole is not None:  # a whole result does not stall: what is left is only its end
                 if whole >= stall.linger:
                     return "lingered"
@@ -158,14 +158,16 @@ def _wait(outcome: _Outcome[T], signal: InterruptSignal, timeout: float, stall: 
                 # Before the work flows, look again every `seconds`: it may start, and stall, meanwhile.
                 left = min(left, stall.seconds - (silence or 0.0))
         # woken when the work ends, or when its result becomes whole (the linger starts)
-        signal.wait_until(functools.partial(_woken, outcome, _turns_whole(stall)), max(left, 0.0))
-        if outcome.done or signal.is_set() or time.monotonic() >= deadline:
+        signal.wait_until(functools.partial(_woken, outcome, _turns_whole(stall, whole)), max(left, 0.0))
+        if outcome.done or signal.is_set():
             return "done"
+        if time.monotonic() >= deadline:  # a whole result is kept at the deadline too: it is cut short
+            return "lingered" if stall is not None and stall.whole() is not None else "done"
 
 
-def _turns_whole(stall: StallLimit | None) -> Callable[[], bool]:
-    """True once the work's result is whole, when it is not whole yet now (else never)."""
-    if stall is None or stall.whole() is not None:
+def _turns_whole(stall: StallLimit | None, whole: float | None) -> Callable[[], bool]:
+    """True once the work's result is whole, when it was not whole at the loop's look (else never)."""
+    if stall is None or whole is not None:
         return lambda: False
     return lambda: stall.whole() is not None
 
