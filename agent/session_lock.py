@@ -93,8 +93,11 @@ class SessionLock:
         # size costs the filesystem a block each time: a gateway takes a session's lock per message),
         # and not at all when it says so already (this process held it last).
         mark = f"{os.getpid():<{_PID_WIDTH}}\n".encode()
-        if os.pread(fd, len(mark) + 1, 0) != mark:
+        written = os.pread(fd, len(mark) + 1, 0)
+        if written != mark:
             os.pwrite(fd, mark, 0)
+            if len(written) > len(mark):  # a longer file (not of our writing): cut to the mark, once
+                os.ftruncate(fd, len(mark))
         self._fd = fd
         return self
 
