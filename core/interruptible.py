@@ -158,19 +158,13 @@ def _wait(outcome: _Outcome[T], signal: InterruptSignal, timeout: float, stall: 
                 # Before the work flows, look again every `seconds`: it may start, and stall, meanwhile.
                 left = min(left, stall.seconds - (silence or 0.0))
         # woken when the work ends, or when its result becomes whole (the linger starts)
-        signal.wait_until(functools.partial(_woken, outcome, _turns_whole(stall, whole)), max(left, 0.0))
+        signal.wait_until(functools.partial(_woken, outcome, stall, whole), max(left, 0.0))
         if outcome.done or signal.is_set():
             return "done"
         if time.monotonic() >= deadline:  # a whole result is kept at the deadline too: it is cut short
             return "lingered" if stall is not None and stall.whole() is not None else "done"
 
 
-def _turns_whole(stall: StallLimit | None, whole: float | None) -> Callable[[], bool]:
-    """True once the work's result is whole, when it was not whole at the loop's look (else never)."""
-    if stall is None or whole is not None:
-        return lambda: False
-    return lambda: stall.whole() is not None
-
-
-def _woken(outcome: _Outcome[T], turned_whole: Callable[[], bool]) -> bool:
-    return outcome.done or turned_whole()
+def _woken(outcome: _Outcome[T], stall: StallLimit | None, whole: float | None) -> bool:
+    """The work ended, or its result became whole since the wait's last look (`whole`: what it saw)."""
+    return outcome.done or (whole is None and stall is not None and stall.whole() is not None)

@@ -149,17 +149,22 @@ class Gateway:
         queued = 0
         for entry in pending:
             instance = self.agents.get(entry.channel.split("/", 1)[0])
-            abandoned = not_to_resume(entry, instance)
-            if abandoned is not None:
-                log.warning(
-                    "ledger: message %s on %s is not run again: %s", entry.id, entry.channel, abandoned
-                )
-                await self._ledger(functools.partial(self.ledger.set_status, entry.id, "failed"))
+            if await self._refused_again(entry, instance):
                 continue
             assert instance is not None
             self._enqueue(entry, RunRequest.from_record(entry.request), instance)
             queued += 1
         return queued
+
+    async def _refused_again(self, entry: InboxEntry, instance: AgentInstance | None) -> bool:
+        """A message a stopped run left that is not to run again (`not_to_resume`): logged, marked
+        failed, True. The same at a restart, at a take-over and for a channel's lost run."""
+        refused = not_to_resume(entry, instance)
+        if refused is None:
+            return False
+        log.warning("message %s on %s is not run again: %s", entry.id, entry.channel, refused)
+        await self._ledger(functools.partial(self.ledger.set_status, entry.id, "failed"))
+        return True
 
     async def take_over_abandoned(self) -> None:
         """With a shared store, until cancelled: queue the messages left running on channels whose
@@ -179,10 +184,7 @@ class Gateway:
                 instance = self.agents.get(entry.channel.split("/", 1)[0])
                 if instance is None or entry.id in self._waiting or not self._accepting:
                     continue
-                refused = not_to_resume(entry, instance)  # as at a restart: the same cut-off message
-                if refused is not None:
-                    log.warning("message %s on %s is not run again: %s", entry.id, entry.channel, refused)
-                    await self._ledger(functools.partial(self.ledger.set_status, entry.id, "failed"))
+                if await self._refused_again(entry, instance):  # as at a restart: the same cut-off message
                     continue
                 log.info("channel %s: its gateway stopped; taking message %s over", entry.channel, entry.id)
                 self._enqueue(entry, RunRequest.from_record(entry.request), instance)
@@ -525,11 +527,9 @@ class Gateway:
         if entry is None:
             return
         instance = self.agents.get(entry.channel.split("/", 1)[0])
-        abandoned = not_to_resume(entry, instance)
-        if abandoned is not None or instance is None:
-            log.warning("message %s on %s is not run again: %s", entry.id, key, abandoned)
-            await self._ledger(functools.partial(self.ledger.set_status, entry.id, "failed"))
+        if await self._refused_again(entry, instance):
             return
+        assert instance is not None
         log.info("taking over message %s on %s from a gateway that lost the channel", entry.id, key)
         job = Job(entry, RunRequest.from_record(entry.request), instance, self._new_future())
         try:
