@@ -40,8 +40,8 @@ class Reply:
         reasoning: reasoning_content to stream before the text.
         raw_arguments: the arguments text of each tool call as sent, when it must not be valid JSON.
         after_event: called with each stream event once it is sent (to hold the stream at a point).
-        stall: seconds a stream pauses after its second event, in Chat Completions its first piece of
-            text (a client hang-up ends the pause).
+        stall: seconds a stream pauses after its event number `stall_after` (0: the first; by default
+            the second, in Chat Completions its first piece of text); a client hang-up ends the pause.
         progress: prompt-progress chunks streamed first when the request asks for them
             (`return_progress`, as llama.cpp's server does while it reads the prompt).
     """
@@ -63,6 +63,7 @@ class Reply:
     raw_arguments: list[str] | None = None
     after_event: Callable[[str], None] | None = None
     stall: float = 0.0
+    stall_after: int = 1
     progress: int = 0
 
 
@@ -225,18 +226,11 @@ class ScriptedServer:
                 server.reply_sent_at.append(time.perf_counter())
 
             def _wait(self, seconds: float) -> bool:
-                """Wait, returning False as soon as the client hangs up."""
-                deadline = time.monotonic() + seconds
-                while (left := deadline - time.monotonic()) > 0:
-                    readable, _, _ = select.select([self.connection], [], [], left)
-                    if readable:
-                        try:
-                            if not self.connection.recv(1, socket.MSG_PEEK):
-                                return False
-                        except OSError:
-                            return False
-                        time.sleep(0.01)
-                return True
+                """Wait, returning False as soon as the client hangs up (the one event waited on: bytes
+                the client sends meanwhile do not wake it)."""
+                hangup = select.poll()
+                hangup.register(self.connection, select.POLLRDHUP | select.POLLHUP | select.POLLERR)
+                return not hangup.poll(seconds * 1000)
 
             def _send_json(self, status: int, payload: dict[str, Any], headers: dict[str, str]) -> None:
                 data = json.dumps(payload).encode()
@@ -262,8 +256,7 @@ class ScriptedServer:
                         self.wfile.flush()
                         if reply.after_event is not None:
                             reply.after_event(event)
-                        # the first event opens the reply, the second carries its first piece of text
-                        if number == 1 and reply.stall and not self._wait(reply.stall):
+                        if number == reply.stall_after and reply.stall and not self._wait(reply.stall):
                             with server._arrivals:
                                 server.hangups += 1
                                 server._arrivals.notify_all()

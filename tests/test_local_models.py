@@ -7,7 +7,6 @@ on must hang up, or the server goes on generating for nobody; its context-exceed
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
@@ -47,17 +46,13 @@ def test_a_first_token_slower_than_the_stall_timeout_is_waited_for_without_a_ret
 def test_silence_after_the_stream_opened_but_before_the_first_token_is_not_a_stall(
     server: ScriptedServer, make_agent, impatient_home: Path
 ) -> None:
-    # Some servers send the headers and an empty first chunk at once, then read the prompt.
-    def reading(event: str) -> None:
-        if '"role"' in event:
-            time.sleep(READING_THE_PROMPT)
-
-    server.add(Reply(text="read it all", after_event=reading))
+    # Some servers send the headers and an empty first chunk (its role) at once, then read the prompt.
+    server.add(Reply(text="read it all", stall=READING_THE_PROMPT, stall_after=0))
 
     result = make_agent(home=impatient_home).run_conversation("a long prompt")
 
     assert result["final_response"] == "read it all"
-    assert len(server.requests) == 1
+    assert len(server.requests) == 1 and server.hangups == 0
 
 
 def test_a_flowing_answer_that_goes_silent_is_cut_and_retried(

@@ -8,13 +8,12 @@ import shlex
 import shutil
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, wait_until
 from loopback import Reply, ScriptedServer
 
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
@@ -47,13 +46,10 @@ class Terminal:
 
     def wait_until(self, shows: Callable[[str], bool], what: str, timeout: float = 15.0) -> str:
         """The first screen that `shows` accepts (fails with the last screen if none does in time)."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            screen = self.screen()
-            if shows(screen):
-                return screen
-            time.sleep(0.05)
-        raise AssertionError(f"{what} did not appear; the screen:\n{self.screen()}")
+        shown = wait_until(lambda: [screen] if shows(screen := self.screen()) else None, timeout)
+        if shown is None:
+            raise AssertionError(f"{what} did not appear; the screen:\n{self.screen()}")
+        return str(shown[0])
 
     def close(self) -> None:
         self._tmux("kill-server")

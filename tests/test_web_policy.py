@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
+import select
 import threading
-import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -34,11 +34,14 @@ class Site:
                     self.send_response(200)
                     self.send_header("Content-Length", "100")
                     self.end_headers()
+                    hangup = select.poll()  # the client giving up ends the drip
+                    hangup.register(self.connection, select.POLLRDHUP | select.POLLHUP | select.POLLERR)
                     with contextlib.suppress(OSError):
                         for _ in range(100):
                             self.wfile.write(b"x")
                             self.wfile.flush()
-                            time.sleep(0.1)
+                            if hangup.poll(100):  # the next byte in 0.1 s, unless the client is gone
+                                break
                     return
                 if self.path in site.redirects:
                     self.send_response(302)
