@@ -278,9 +278,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     if argv is not None:
         return run_command(argv)
-    from mibyan.core.lean_imports import leave_out_unused
+    from mibyan.core.lean_imports import leave_out_unused, put_off_reexports
 
-    leave_out_unused()  # the program's own process: what its libraries would import and it never uses
+    # the program's own process: what its libraries would import and it never uses, or not yet
+    leave_out_unused()
+    put_off_reexports()
     try:
         code = run_command(None)
     except SystemExit as exc:  # argparse's --help, --version and usage errors

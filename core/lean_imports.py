@@ -1,18 +1,34 @@
-"""Optional extras of the libraries mibyan uses that mibyan itself never uses, kept out of its processes.
+"""What the `mibyan` program's own process leaves out of, or puts off in, the libraries it imports.
 
-When installed, the model SDKs import aiohttp (for an async client mibyan never makes) and the HTTP
-transport imports h2 (HTTP/2, which mibyan never turns on). They came with other extras (the Matrix
-connector needs aiohttp) and cost every start 0.1 s and 11 MiB. The `mibyan` program leaves them out at
-its start, while it runs one thread; whatever needs one takes it back first (`take_back`), and so imports
-it as usual. A library user's process is left as it is.
+Two kinds, both only in the program's process (a library user's process is left as it is):
+
+- Optional extras of those libraries that mibyan never uses (`leave_out_unused`). When installed, the
+  model SDKs import aiohttp (for an async client mibyan never makes) and the HTTP transport imports h2
+  (HTTP/2, which mibyan never turns on). They came with other extras (the Matrix connector needs
+  aiohttp) and cost every start 0.1 s and 11 MiB. The program leaves them out at its start, while it runs
+  one thread; whatever needs one takes it back first (`take_back`), and so imports it as usual.
+- The model SDKs' packages of types (`put_off_reexports`). The SDK's `__init__` imports its `types`
+  package, whose `__init__` imports every type the API has (hundreds of pydantic models: half of
+  `import openai`, 0.5 s of a one-shot on a slow machine), where a chat needs a few dozen. A package whose
+  `__init__` does nothing but re-export names of its modules is put off: each name imports its module
+  when it is first used, and means what it meant.
 """
 
 from __future__ import annotations
 
+import ast
+import importlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from types import ModuleType
 
 UNUSED = ("aiohttp", "h2")
+#: The packages (and those below them) whose re-exports are put off: the SDKs' types and helpers. Their
+#: `resources` already load on use; a package that does more than re-export is imported as usual.
+PUT_OFF = ("openai.types", "openai.lib", "anthropic.types", "anthropic.lib")
 
 
 def leave_out_unused() -> None:
@@ -28,3 +44,102 @@ def take_back(names: Iterable[str]) -> None:
     for name in names:
         if name in sys.modules and sys.modules[name] is None:
             del sys.modules[name]
+
+
+def put_off_reexports(packages: Sequence[str] = PUT_OFF) -> None:
+    """From now on a package among `packages` (or below one) whose `__init__` only re-exports is imported
+    without running it: each of its names imports what it names at its first use. Packages imported
+    already stay as they are. Once per process."""
+    if not any(isinstance(finder, _ReexportsPutOff) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _ReexportsPutOff(tuple(packages)))
+
+
+#: A package's names: each to the module it comes from (relative, as the `__init__` wrote it) and the
+#: name there; (".", name) for a submodule of its own (which an import binds in its package too).
+Reexports = dict[str, tuple[str, str]]
+
+
+def reexports(source: str) -> Reexports | None:
+    """The names a package's `__init__` source binds, when all it does is re-export names of its own
+    modules (`from .x import A as A`, after a docstring and `from __future__`); None when it does more."""
+    try:
+        body = ast.parse(source).body
+    except SyntaxError:
+        return None
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+        body = body[1:]
+    names: Reexports = {}
+    for statement in body:
+        if isinstance(statement, ast.ImportFrom) and statement.module == "__future__":
+            names.update({alias.name: ("__future__", alias.name) for alias in statement.names})
+            continue
+        if not isinstance(statement, ast.ImportFrom) or statement.level != 1:
+            return None
+        if any(alias.name == "*" for alias in statement.names):
+            return None
+        module = statement.module or ""
+        if module:  # `from .x.y import A` binds `x` in the package as well
+            names.setdefault(module.split(".")[0], (".", module.split(".")[0]))
+        for alias in statement.names:
+            names[alias.asname or alias.name] = (f".{module}", alias.name)
+    return names
+
+
+class _ReexportsPutOff(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Finds the put-off packages where the usual path finder would, and loads them without their code."""
+
+    def __init__(self, packages: tuple[str, ...]) -> None:
+        self.packages = packages
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None = None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if not any(fullname == p or fullname.startswith(f"{p}.") for p in self.packages):
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or spec.submodule_search_locations is None:
+            return None  # a module, or nothing: the usual finders' business
+        loader = spec.loader
+        if not isinstance(loader, importlib.machinery.SourceFileLoader):
+            return None
+        try:
+            source = loader.get_source(fullname)
+        except (ImportError, OSError):
+            return None
+        names = reexports(source or "")
+        if names is None:
+            return None
+        spec.loader = self
+        spec.loader_state = names
+        return spec
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> None:
+        return None  # the usual module object
+
+    def exec_module(self, module: ModuleType) -> None:
+        names: Reexports = module.__spec__.loader_state  # type: ignore[union-attr]
+        package = module.__name__
+
+        def __getattr__(name: str) -> object:
+            if name in names:
+                where, attribute = names[name]
+            elif not name.startswith("__") and importlib.util.find_spec(f"{package}.{name}") is not None:
+                # a submodule it does not name, which an import of one of its names binds in it when
+                # imported whole; put off, it is imported when asked for
+                where, attribute = ".", name
+            else:
+                raise AttributeError(f"module {package!r} has no attribute {name!r}")
+            if where == ".":
+                value: object = importlib.import_module(f"{package}.{attribute}")
+            else:
+                value = getattr(importlib.import_module(where, package), attribute)
+            # two threads may both get here: each imports the same module (the import system's locks)
+            # and binds the same object, as the `__init__` would have once
+            module.__dict__[name] = value
+            return value
+
+        def __dir__() -> list[str]:
+            return sorted({*module.__dict__, *names})
+
+        module.__getattr__ = __getattr__  # type: ignore[method-assign]
+        module.__dir__ = __dir__  # type: ignore[method-assign]

@@ -61,20 +61,30 @@ def test_cli_one_shot_prints_the_answer_on_stdout_and_progress_on_stderr(
     assert "list_directory" in done.stderr
 
 
-def test_a_one_shot_imports_no_extra_its_libraries_would_bring_and_mibyan_never_uses(
-    server: ScriptedServer, home
+@pytest.mark.parametrize("api_mode", ["chat_completions", "codex_responses", "anthropic_messages"])
+def test_a_one_shot_imports_no_extra_its_libraries_would_bring_and_none_of_the_sdk_types_it_never_uses(
+    server: ScriptedServer, home: Path, api_mode: str
 ) -> None:
     """aiohttp (installed for the Matrix connector) and h2 cost every start 0.1 s and 11 MiB when the
-    SDKs import them; the program leaves them out, and the model call works without them."""
+    SDKs import them; the program leaves them out. The SDK's types package would import every type its
+    API has (half of `import openai`); the program imports those its calls use. The call works, in each
+    wire mode."""
     server.add(Reply(text="lean"))
     done = run_cli(
-        "chat", "-q", "hi", "--base-url", server.base_url, home=home, env={"PYTHONPROFILEIMPORTTIME": "1"}
+        *("chat", "-q", "hi", "--base-url", server.url_for(api_mode), "--api-mode", api_mode),
+        home=home,
+        env={"PYTHONPROFILEIMPORTTIME": "1", "OPENAI_API_KEY": "k", "ANTHROPIC_API_KEY": "k"},
     )
     assert done.returncode == 0 and done.stdout == "lean\n", done.stderr
     imported = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines() if "|" in line}
-    assert "openai" in imported
+    sdk = "anthropic" if api_mode == "anthropic_messages" else "openai"
+    assert sdk in imported
     # (a module left out shows as the failed attempt of what asked for it; imported, it brings these)
     assert not {"aiohttp.client", "yarl", "h2.exceptions", "hpack"} & imported
+    if sdk == "openai":  # types of the SDK's other endpoints: batches, fine-tuning, evaluations
+        assert not {"openai.types.batch", "openai.types.fine_tuning.fine_tuning_job", "openai.types.eval"} & (
+            imported
+        )
 
 
 def test_cli_reads_the_prompt_from_stdin_and_prints_json(server: ScriptedServer, home) -> None:
