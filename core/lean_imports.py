@@ -16,14 +16,15 @@ Two kinds, both only in the program's process (a library user's process is left 
 
 from __future__ import annotations
 
-import ast
 import importlib
-import importlib.abc
 import importlib.machinery
-import importlib.util
 import sys
 from collections.abc import Iterable, Sequence
 from types import ModuleType
+from typing import TYPE_CHECKING, cast
+
+if TYPE_CHECKING:
+    import importlib.abc
 
 UNUSED = ("aiohttp", "h2")
 #: The packages (and those below them) whose re-exports are put off: the SDKs' types and helpers. Their
@@ -62,6 +63,8 @@ Reexports = dict[str, tuple[str, str]]
 def reexports(source: str) -> Reexports | None:
     """The names a package's `__init__` source binds, when all it does is re-export names of its own
     modules (`from .x import A as A`, after a docstring and `from __future__`); None when it does more."""
+    import ast  # only once a package is put off: `mibyan --help` imports none
+
     try:
         body = ast.parse(source).body
     except SyntaxError:
@@ -85,8 +88,9 @@ def reexports(source: str) -> Reexports | None:
     return names
 
 
-class _ReexportsPutOff(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Finds the put-off packages where the usual path finder would, and loads them without their code."""
+class _ReexportsPutOff:
+    """Finds the put-off packages where the usual path finder would, and loads them without their code
+    (a meta path finder and its loader; importlib.abc would cost `mibyan --help` 50 ms to name them)."""
 
     def __init__(self, packages: tuple[str, ...]) -> None:
         self.packages = packages
@@ -109,7 +113,7 @@ class _ReexportsPutOff(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         names = reexports(source or "")
         if names is None:
             return None
-        spec.loader = self
+        spec.loader = cast("importlib.abc.Loader", self)
         spec.loader_state = names
         return spec
 
@@ -123,7 +127,7 @@ class _ReexportsPutOff(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         def __getattr__(name: str) -> object:
             if name in names:
                 where, attribute = names[name]
-            elif not name.startswith("__") and importlib.util.find_spec(f"{package}.{name}") is not None:
+            elif not name.startswith("__") and _submodule(package, name):
                 # a submodule it does not name, which an import of one of its names binds in it when
                 # imported whole; put off, it is imported when asked for
                 where, attribute = ".", name
@@ -143,3 +147,9 @@ class _ReexportsPutOff(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
         module.__getattr__ = __getattr__  # type: ignore[method-assign]
         module.__dir__ = __dir__  # type: ignore[method-assign]
+
+
+def _submodule(package: str, name: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(f"{package}.{name}") is not None
