@@ -125,6 +125,13 @@ class _ReexportsPutOff:
         package = module.__name__
 
         def __getattr__(name: str) -> object:
+            if name == "__all__":
+                # `from package import *`, which, the package having no `__all__`, then takes the public
+                # names in its namespace: all of them are bound first, as the `__init__` would have
+                for each in names:
+                    if each not in module.__dict__:
+                        __getattr__(each)
+                raise AttributeError(f"module {package!r} has no attribute '__all__'")
             if name in names:
                 where, attribute = names[name]
             elif not name.startswith("__") and _submodule(package, name):

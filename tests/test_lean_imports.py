@@ -75,6 +75,10 @@ def test_a_put_off_package_imports_a_module_at_the_first_use_of_its_name(package
             print("unknown:", exc)
         import noisy
         print("noisy ran:", builtins.NOISY, noisy.thing)
+        namespace = {}
+        exec("from shapes import *", namespace)
+        print("star:", sorted(name for name in namespace if not name.startswith("__")))
+        print("no __all__:", hasattr(shapes, "__all__"))
         """,
         path=packages,
     )
@@ -86,7 +90,23 @@ def test_a_put_off_package_imports_a_module_at_the_first_use_of_its_name(package
         "listed: True",
         "unknown: module 'shapes' has no attribute 'Triangle'",
         "noisy ran: 1 a thing",
+        "star: ['Box', 'Circle', 'Square', 'annotations', 'flat', 'solid']",
+        "no __all__: False",
     ]
+
+
+def test_the_sdks_classes_a_star_import_brings_are_there_put_off() -> None:
+    """anthropic's `__init__` star-imports two put-off packages (its Vertex and Bedrock clients)."""
+    out = run_python(
+        """
+        from mibyan.core.lean_imports import put_off_reexports
+        put_off_reexports()
+        import anthropic
+        from anthropic import AnthropicVertex, AnthropicBedrock
+        print(AnthropicVertex.__name__, AnthropicBedrock.__name__)
+        """
+    )
+    assert out.strip() == "AnthropicVertex AnthropicBedrock"
 
 
 def test_a_process_that_did_not_ask_imports_the_packages_as_they_are(packages: Path) -> None:
