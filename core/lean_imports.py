@@ -100,19 +100,21 @@ class _ReexportsPutOff:
     ) -> importlib.machinery.ModuleSpec | None:
         if not any(fullname == p or fullname.startswith(f"{p}.") for p in self.packages):
             return None
+        # what the usual path finder, next in line, would find: returned as it is when not put off, so
+        # that the SDKs' hundreds of modules are not looked for twice
         spec = importlib.machinery.PathFinder.find_spec(fullname, path)
         if spec is None or spec.submodule_search_locations is None:
-            return None  # a module, or nothing: the usual finders' business
+            return spec
         loader = spec.loader
         if not isinstance(loader, importlib.machinery.SourceFileLoader):
-            return None
+            return spec
         try:
             source = loader.get_source(fullname)
         except (ImportError, OSError):
-            return None
+            return spec
         names = reexports(source or "")
         if names is None:
-            return None
+            return spec
         spec.loader = cast("importlib.abc.Loader", self)
         spec.loader_state = names
         return spec
