@@ -4,7 +4,9 @@
 - the first message of a fresh gateway over the later ones (floor: 1.5x);
 - the latency it adds per message at one channel over the mock's own time (a client asking the mock
   straight), at p50 and p95 (floors: 5 and 10 ms), alternating the two so drift in load hits both;
-- messages per second at 1, 10 and 50 channels (floor: 150 at 10 channels);
+- messages per second at 1, 10 and 50 channels (floor: 150 at 10 channels), and the gateway's CPU per
+  message at 10 channels beside what the model SDK alone spends on one such streamed call (the part of a
+  message no gateway can take out): a ratio a slower machine scales alike, where msg/s and ms do not;
 - 20 channels at once at 1 s model latency (floor: 1.1 s);
 - its resident memory with 2 agents after 100 channels, in a gateway of its own (floor: 80 MiB).
 
@@ -50,8 +52,9 @@ def ask(client: Any, channel: str, text: str, model: str = "meepa") -> None:
     )
 
 
-def throughput(gateway: RunningGateway, channels: int, messages: int) -> float:
-    """Messages per second with `channels` clients, each sending its share in turn on its own channel."""
+def throughput(gateway: RunningGateway, channels: int, messages: int) -> tuple[float, float]:
+    """Messages per second with `channels` clients, each sending its share in turn on its own channel,
+    and the gateway process's CPU per message (ms) meanwhile."""
     per_channel = max(1, messages // channels)
     clients = [gateway.client() for _ in range(channels)]
     for number, client in enumerate(clients):  # each channel's session exists, its connection is open
@@ -61,10 +64,34 @@ def throughput(gateway: RunningGateway, channels: int, messages: int) -> float:
         for index in range(per_channel):
             ask(clients[number], f"bench-{channels}-{number}", f"message {index}")
 
-    began = time.perf_counter()
+    began, cpu = time.perf_counter(), cpu_seconds(gateway.process.pid)
     with ThreadPoolExecutor(channels) as pool:
         list(pool.map(client, range(channels)))
-    return per_channel * channels / (time.perf_counter() - began)
+    sent = per_channel * channels
+    return sent / (time.perf_counter() - began), (cpu_seconds(gateway.process.pid) - cpu) / sent * 1000
+
+
+def cpu_seconds(pid: int) -> float:
+    """The CPU time (user and system, all threads) process `pid` has used."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def sdk_call_cpu(server: ScriptedServer, calls: int) -> list[float]:
+    """The CPU (ms) this thread spends on one streamed call to the mock through the model SDK, as the
+    gateway's agents call it: the SDK's own share of every message."""
+    import openai
+
+    mock = openai.OpenAI(base_url=server.base_url, api_key="k", max_retries=0)
+    samples = []
+    for index in range(calls + 2):
+        began = time.thread_time()
+        for _ in mock.chat.completions.create(
+            model="m1", messages=[{"role": "user", "content": f"direct {index}"}], stream=True
+        ):
+            pass
+        samples.append((time.thread_time() - began) * 1000)
+    return samples[2:]  # the first two open the connection and import what a call needs
 
 
 def percentile(samples: list[float], fraction: float) -> float:
@@ -172,10 +199,14 @@ def main() -> None:
                     label = f"added latency at {name} over the mock"
                     print(f"{label:<48} {added:8.2f} ms   floor {floor:.2f} ms")
                 for channels in (1, 10, 50):
-                    rate = throughput(gateway, channels, MESSAGES)
+                    rate, cpu = throughput(gateway, channels, MESSAGES)
                     floor = "   floor 150.0 msg/s" if channels == 10 else ""
                     label = f"messages per second, {channels} channel(s), 0 ms model"
                     print(f"{label:<48} {rate:8.1f} msg/s{floor}")
+                    if channels == 10:
+                        sdk = sdk_call_cpu(server, LATENCY_SAMPLES)
+                        show("  gateway CPU per message, 10 channels", [cpu], sdk)
+                        print("  (floor: what the SDK alone spends on one streamed call)")
                 seconds = twenty_slow_channels(gateway, server)
                 print(f"{f'20 channels at once, {SLOW:.0f} s model':<48} {seconds:8.2f} s      floor 1.10 s")
         print(
