@@ -7,7 +7,10 @@ provider stops generating, and whatever the worker still produces is discarded.
 
 from __future__ import annotations
 
+import contextvars
 import functools
+import os
+import queue
 import threading
 import time
 from collections.abc import Callable
@@ -110,8 +113,7 @@ def call_interruptibly(
             outcome.done = True
             signal.notify()
 
-    worker = threading.Thread(target=run, name=name, daemon=True)
-    worker.start()
+    _WORKERS.start(run, name)
     ended = _wait(outcome, signal, timeout, stall)
     if signal.is_set():
         # An interrupt wins even over a reply that completed in the same instant: the user asked to stop.
@@ -136,6 +138,46 @@ def call_interruptibly(
     if outcome.error is not None:
         raise outcome.error
     return outcome.value  # type: ignore[return-value]
+
+
+class _Workers:
+    """The threads interruptible work runs on, each kept for the next work once its own returns: a
+    gateway makes a model call for every message, and starting a thread for each cost more than handing
+    a waiting one its work. Work that was abandoned keeps its thread until it returns."""
+
+    def __init__(self, keep: int) -> None:
+        self._keep = keep
+        self._idle: list[queue.SimpleQueue[tuple[Callable[[], None], str]]] = []
+        self._lock = threading.Lock()
+
+    def start(self, work: Callable[[], None], name: str) -> None:
+        """Run `work` on an idle thread, or on a new one."""
+        with self._lock:
+            handed = self._idle.pop() if self._idle else None
+        if handed is None:
+            handed = queue.SimpleQueue()
+            threading.Thread(target=self._serve, args=(handed,), name=name, daemon=True).start()
+        handed.put((work, name))
+
+    def _serve(self, handed: queue.SimpleQueue[tuple[Callable[[], None], str]]) -> None:
+        while True:
+            work, name = handed.get()
+            threading.current_thread().name = name
+            contextvars.Context().run(work)  # as on a thread of its own: no context an earlier work set
+            del work  # nor does an idle thread hold on to what the last one returned
+            with self._lock:
+                if len(self._idle) >= self._keep:
+                    return
+                self._idle.append(handed)
+
+    def forget(self) -> None:
+        """In a forked child: the idle threads were the parent's."""
+        self._idle = []
+        self._lock = threading.Lock()
+
+
+_WORKERS = _Workers(keep=16)
+os.register_at_fork(after_in_child=_WORKERS.forget)
 
 
 def _wait(outcome: _Outcome[T], signal: InterruptSignal, timeout: float, stall: StallLimit | None) -> str:
