@@ -72,6 +72,8 @@ def reexports(source: str) -> Reexports | None:
     if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
         body = body[1:]
     names: Reexports = {}
+    modules: set[str] = set()  # the submodules its imports bind, by their name in the package
+    values: set[str] = set()  # the names it binds to what a module holds
     for statement in body:
         if isinstance(statement, ast.ImportFrom) and statement.module == "__future__":
             names.update({alias.name: ("__future__", alias.name) for alias in statement.names})
@@ -82,10 +84,15 @@ def reexports(source: str) -> Reexports | None:
             return None
         module = statement.module or ""
         if module:  # `from .x.y import A` binds `x` in the package as well
+            modules.add(module.split(".")[0])
             names.setdefault(module.split(".")[0], (".", module.split(".")[0]))
+            values.update(alias.asname or alias.name for alias in statement.names)
         for alias in statement.names:
             names[alias.asname or alias.name] = (f".{module}", alias.name)
-    return names
+    # A name both a submodule and what a module holds (`from .thing import thing`) is the value once the
+    # `__init__` has run, whatever imports that submodule later; put off, an import of the submodule
+    # elsewhere would bind the submodule first, and the value would never be looked for.
+    return None if modules & values else names
 
 
 class _ReexportsPutOff:
@@ -100,8 +107,8 @@ class _ReexportsPutOff:
     ) -> importlib.machinery.ModuleSpec | None:
         if not any(fullname == p or fullname.startswith(f"{p}.") for p in self.packages):
             return None
-        # what the usual path finder, next in line, would find: returned as it is when not put off, so
-        # that the SDKs' hundreds of modules are not looked for twice
+        # what the path finder (the one of the finders after this one that serves these packages) would
+        # find: returned as it is when not put off, so the SDKs' hundreds of modules are looked for once
         spec = importlib.machinery.PathFinder.find_spec(fullname, path)
         if spec is None or spec.submodule_search_locations is None:
             return spec

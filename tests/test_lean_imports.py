@@ -117,22 +117,24 @@ def test_a_process_that_did_not_ask_imports_the_packages_as_they_are(packages: P
 
 
 def test_every_name_of_the_sdks_types_put_off_is_what_it_is_when_imported_whole() -> None:
-    """Each name the types packages have (here and below), imported whole, resolves put off to an object
-    of the same module and name: those the `__init__`s bind, and the submodules other modules' imports
-    bind in them."""
+    """Each name openai's types and helper packages have (here and below), imported whole, resolves put
+    off to an object of the same module and name: those the `__init__`s bind, and the submodules other
+    modules' imports bind in them."""
     whole = run_python(
         """
-        import openai, openai.types
+        import openai, openai.lib, openai.types
+        named = lambda v: getattr(v, "__qualname__", None) or getattr(v, "__name__", type(v).__name__)
         seen = {}
         def visit(package):
             for name in sorted(dir(package)):
                 value = getattr(package, name)
                 if not name.startswith("__"):
                     where = getattr(value, "__module__", None)
-                    seen[f"{package.__name__}.{name}"] = (where, repr(value)[:60])
+                    seen[f"{package.__name__}.{name}"] = (where, named(value))
                 if hasattr(value, "__path__") and value.__name__.startswith(package.__name__ + "."):
                     visit(value)
         visit(openai.types)
+        visit(openai.lib)
         print(repr(seen))
         """
     )
@@ -144,10 +146,11 @@ def test_every_name_of_the_sdks_types_put_off_is_what_it_is_when_imported_whole(
         put_off_reexports()
         import openai, openai.types
         assert "openai.types.batch" not in sys.modules  # put off indeed
+        named = lambda v: getattr(v, "__qualname__", None) or getattr(v, "__name__", type(v).__name__)
         seen = {{}}
         for dotted in {sorted(names)!r}:
             value = functools.reduce(getattr, dotted.split(".")[1:], openai)
-            seen[dotted] = (getattr(value, "__module__", None), repr(value)[:60])
+            seen[dotted] = (getattr(value, "__module__", None), named(value))
         print(repr(seen))
         """
     )
@@ -164,6 +167,9 @@ def test_every_name_of_the_sdks_types_put_off_is_what_it_is_when_imported_whole(
         "from ..elsewhere import B\n",
         "if True:\n    from .a import A\n",
         "from .a import (\n",
+        # a name that is both a submodule and a value of one: the value, once the `__init__` ran
+        "from .thing import thing as thing\n",
+        "from .z import x\nfrom .x import A\n",
     ],
 )
 def test_an_init_that_does_more_than_re_export_is_not_put_off(source: str) -> None:
