@@ -46,7 +46,7 @@ def check_config(settings: AgentSettings, home: Path) -> None:
         ConfigError: one line saying what to set.
     """
     from mibyan.gateway.agents import AgentInstance
-    from mibyan.gateway.connectors.http import read_token
+    from mibyan.gateway.connectors.http_token import read_token
     from mibyan.gateway.connectors.matrix_setup import check_chat_connector
 
     if not settings.agents:

@@ -41,6 +41,18 @@ def test_a_valid_configuration_checks_out(home: Path) -> None:
     )
 
 
+def test_a_check_reads_the_http_connectors_token_without_loading_a_web_server(home: Path) -> None:
+    write_config(home, LOCAL, [MEEPA])
+
+    done = check(home, PYTHONPROFILEIMPORTTIME="1")
+
+    assert done.returncode == 0, done.stderr
+    imported = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines() if "|" in line}
+    assert "mibyan.gateway.connectors.http_token" in imported
+    assert not {"uvicorn", "starlette", "mibyan.gateway.connectors.http"} & imported
+    assert "MIBYAN_GATEWAY_TOKEN" in check(home, MIBYAN_GATEWAY_TOKEN="").stderr  # and still reads it
+
+
 @pytest.mark.parametrize(
     ("agents", "connectors", "named"),
     [

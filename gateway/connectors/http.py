@@ -31,7 +31,7 @@ from starlette.routing import Route
 
 from mibyan.config.gateway import Connector as ConnectorSettings
 from mibyan.core.errors import ConfigError, MibyanError
-from mibyan.core.net import is_loopback_host, listen_on
+from mibyan.core.net import listen_on
 from mibyan.gateway.connectors.http_requests import (
     BadRequest,
     HungUp,
@@ -43,6 +43,7 @@ from mibyan.gateway.connectors.http_requests import (
     parse_messages,
     read_body,
 )
+from mibyan.gateway.connectors.http_token import read_token
 from mibyan.gateway.connectors.throttle import AuthThrottle, peer_of
 from mibyan.gateway.ledger import Reply
 from mibyan.gateway.listener import ListenerLimits, server_config
@@ -50,38 +51,6 @@ from mibyan.gateway.runner import Gateway
 from mibyan.gateway.work import Inbound, NothingToAnswer, Outcome, ShuttingDown, UnknownAgent
 
 log = logging.getLogger("mibyan.gateway")
-
-
-MIN_TOKEN_LENGTH = 16  # characters of a token other machines may guess at
-
-
-def read_token(settings: ConnectorSettings, env: dict[str, str] | os._Environ[str]) -> str:
-    """The bearer token clients must send, without blanks around it (HTTP drops them from a header).
-
-    Raises:
-        ConfigError: one line, when its variable is not set, is blank, or (on a host other machines
-            reach) holds fewer than MIN_TOKEN_LENGTH characters.
-    """
-    where = f"connector '{settings.name}'"
-    raw = env.get(settings.token_env)
-    token = (raw or "").strip()
-    remote = not is_loopback_host(settings.host)
-    if raw and not token:
-        raise ConfigError(f"{where}: {settings.token_env} is blank; no client could send it")
-    if not token and remote:
-        raise ConfigError(
-            f"{where}: host {settings.host} is reachable from other machines; "
-            f"set {settings.token_env} to a bearer token first (or bind 127.0.0.1)"
-        )
-    if not token:
-        raise ConfigError(f"{where}: set {settings.token_env} to the bearer token clients must send")
-    if remote and len(token) < MIN_TOKEN_LENGTH:
-        raise ConfigError(
-            f"{where}: host {settings.host} is reachable from other machines and {settings.token_env} "
-            f"has {len(token)} character(s); use at least {MIN_TOKEN_LENGTH}, such as the output of "
-            "python3 -c 'import secrets; print(secrets.token_urlsafe(24))'"
-        )
-    return token
 
 
 def error(
