@@ -10,13 +10,11 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from mibyan.config.section import Section as _Section
 
 ID_PATTERN = r"^[a-z0-9_-]+$"
-
-
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class AgentTools(_Section):

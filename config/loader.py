@@ -17,7 +17,7 @@ from typing import Any, Literal
 from urllib.parse import urlparse
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_validator
 
 from mibyan.config.api_modes import API_MODES, ApiMode
 from mibyan.config.gateway import (
@@ -29,6 +29,7 @@ from mibyan.config.gateway import (
 )
 from mibyan.config.mcp import McpSection, McpServerSettings, check_server_names
 from mibyan.config.paths import mibyan_home
+from mibyan.config.section import Section as _Section
 from mibyan.config.trust import (
     UntrustedConfigWarning,
     folder_key,
@@ -42,10 +43,6 @@ from mibyan.core.errors import ConfigError
 __all__ = ["API_MODES", "AgentSettings", "ApiMode", "load_settings", "mibyan_home"]
 
 DEFAULTS_PATH = Path(__file__).with_name("defaults.yaml")
-
-
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class ModelSettings(_Section):
