@@ -111,6 +111,13 @@ class Launch:
     cleanup: Callable[[], None] = field(default=lambda: None)
 
 
+@functools.cache
+def _machine_temp() -> tuple[Path, ...]:
+    """The machine's temporary folders, /tmp and the process's TMPDIR resolved, looked up once (as
+    `tempfile.gettempdir()` itself is)."""
+    return tuple(sorted({Path("/tmp"), Path(tempfile.gettempdir()).resolve()}))
+
+
 def _resolved(path: str | Path, base: Path) -> Path:
     expanded = Path(path).expanduser()
     return (expanded if expanded.is_absolute() else base / expanded).resolve(strict=False)
@@ -235,8 +242,7 @@ class Sandbox:
             return []
         if self.isolated:
             return [self.workdir]  # and its own, empty /tmp
-        machines = sorted({Path("/tmp"), Path(tempfile.gettempdir()).resolve()})
-        temp = [self.temp] if self.temp is not None else machines
+        temp = [self.temp] if self.temp is not None else _machine_temp()
         return list(dict.fromkeys([self.workdir, *temp, *self.writable, *self._linked_git_dirs()]))
 
     def _linked_git_dirs(self) -> list[Path]:
@@ -253,13 +259,15 @@ class Sandbox:
             return [gitdir, _resolved(common.read_text(encoding="utf-8").strip(), gitdir)]
         return [gitdir]
 
-    def read_only_places(self) -> list[Path]:
-        """Places inside the writable ones that stay read-only: `.git` (unless allowed) and mibyan's own."""
+    def read_only_places(self, writable: list[Path] | None = None) -> list[Path]:
+        """Places inside the writable ones that stay read-only: `.git` (unless allowed) and mibyan's own.
+        `writable`: the writable places, when the caller has them already."""
         git = [] if self.writable_git else [self.workdir / ".git"]
+        places = self.writable_places() if writable is None else writable
         return [
             p
             for p in (*git, *self.protected)
-            if (p.exists() or p.name == ".mibyan") and any(_inside(p, w) for w in self.writable_places())
+            if (p.exists() or p.name == ".mibyan") and any(_inside(p, w) for w in places)
         ]
 
     def describe(self) -> str:
@@ -328,11 +336,12 @@ class Sandbox:
         # (kernel.core_pattern, say, runs a program of its choosing outside any sandbox)
         options += ["--ro-bind", "/proc/sys", "/proc/sys"]
         options += ["--ro-bind-try", "/proc/sysrq-trigger", "/proc/sysrq-trigger"]
-        writable = [place for place in self.writable_places() if place.exists()]
+        places = self.writable_places()  # looked at once per command: what exists may have changed
+        writable = [place for place in places if place.exists()]
         for place in writable:
             options += ["--bind", str(place), str(place)]
         options += self._hiding(writable)
-        for place in self.read_only_places():
+        for place in self.read_only_places(places):
             if any(_inside(hidden, place) for hidden in self.hidden):
                 continue  # hidden, not merely read-only
             if place.name == ".mibyan":
