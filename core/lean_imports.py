@@ -51,8 +51,13 @@ def put_off_reexports(packages: Sequence[str] = PUT_OFF) -> None:
     """From now on a package among `packages` (or below one) whose `__init__` only re-exports is imported
     without running it: each of its names imports what it names at its first use. Packages imported
     already stay as they are. Once per process."""
-    if not any(isinstance(finder, _ReexportsPutOff) for finder in sys.meta_path):
-        sys.meta_path.insert(0, _ReexportsPutOff(tuple(packages)))
+    if any(isinstance(finder, _ReexportsPutOff) for finder in sys.meta_path):
+        return
+    # just before the path finder: whatever finder another program put ahead of it (an import hook of
+    # an instrumentation library, say) still sees these packages first, as it would without this one
+    path_finder = importlib.machinery.PathFinder  # in the list as the class itself
+    at = next((i for i, finder in enumerate(sys.meta_path) if finder is path_finder), len(sys.meta_path))
+    sys.meta_path.insert(at, _ReexportsPutOff(tuple(packages)))
 
 
 #: A package's names: each to the module it comes from (relative, as the `__init__` wrote it) and the
@@ -107,8 +112,8 @@ class _ReexportsPutOff:
     ) -> importlib.machinery.ModuleSpec | None:
         if not any(fullname == p or fullname.startswith(f"{p}.") for p in self.packages):
             return None
-        # what the path finder (the one of the finders after this one that serves these packages) would
-        # find: returned as it is when not put off, so the SDKs' hundreds of modules are looked for once
+        # what the path finder, next in line, would find: returned as it is when not put off, so the
+        # SDKs' hundreds of modules are looked for once
         spec = importlib.machinery.PathFinder.find_spec(fullname, path)
         if spec is None or spec.submodule_search_locations is None:
             return spec

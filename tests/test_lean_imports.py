@@ -109,6 +109,27 @@ def test_the_sdks_classes_a_star_import_brings_are_there_put_off() -> None:
     assert out.strip() == "AnthropicVertex AnthropicBedrock"
 
 
+def test_an_import_hook_put_before_the_path_finder_still_sees_the_sdks_packages_first() -> None:
+    """Instrumentation libraries watch imports with a finder of their own ahead of the path finder."""
+    out = run_python(
+        """
+        import sys
+        seen = []
+        class Watching:
+            def find_spec(self, name, path=None, target=None):
+                if name.startswith("openai.types"):
+                    seen.append(name)
+                return None
+        sys.meta_path.insert(0, Watching())
+        from mibyan.core.lean_imports import put_off_reexports
+        put_off_reexports()
+        import openai
+        print("openai.types.chat" in seen, "openai.types.batch" in sys.modules)
+        """
+    )
+    assert out.split() == ["True", "False"]
+
+
 def test_a_process_that_did_not_ask_imports_the_packages_as_they_are(packages: Path) -> None:
     out = run_python(
         "import sys, shapes, mibyan.core.lean_imports\nprint('shapes.flat' in sys.modules)", path=packages
