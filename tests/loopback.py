@@ -203,9 +203,7 @@ class ScriptedServer:
                     return
                 reply = server._next_reply(body)
                 if reply.delay and not self._wait(reply.delay):
-                    with server._arrivals:
-                        server.hangups += 1
-                        server._arrivals.notify_all()
+                    self._hung_up()
                     self.close_connection = True
                     return
                 if reply.unanswered:
@@ -224,6 +222,11 @@ class ScriptedServer:
                 else:
                     self._send_json(200, wire.whole(reply), reply.headers)
                 server.reply_sent_at.append(time.perf_counter())
+
+            def _hung_up(self) -> None:
+                with server._arrivals:
+                    server.hangups += 1
+                    server._arrivals.notify_all()
 
             def _wait(self, seconds: float) -> bool:
                 """Wait, returning False as soon as the client hangs up (the one event waited on: bytes
@@ -257,15 +260,11 @@ class ScriptedServer:
                         if reply.after_event is not None:
                             reply.after_event(event)
                         if number == reply.stall_after and reply.stall and not self._wait(reply.stall):
-                            with server._arrivals:
-                                server.hangups += 1
-                                server._arrivals.notify_all()
+                            self._hung_up()
                             self.close_connection = True
                             return
                     if reply.held_open and not self._wait(60):
-                        with server._arrivals:
-                            server.hangups += 1
-                            server._arrivals.notify_all()
+                        self._hung_up()
                     if reply.cut or reply.unended or reply.held_open:
                         self.close_connection = True
                         self.connection.shutdown(socket.SHUT_RDWR)
