@@ -148,14 +148,19 @@ class _ReexportsPutOff:
                 raise AttributeError(f"module {package!r} has no attribute '__all__'")
             if name in names:
                 where, attribute = names[name]
-            elif not name.startswith("__") and _submodule(package, name):
-                # a submodule it does not name, which an import of one of its names binds in it when
-                # imported whole; put off, it is imported when asked for
+            elif not name.startswith("__"):
+                # perhaps a submodule it does not name, which an import of one of its names binds in it
+                # when imported whole; put off, it is imported when asked for
                 where, attribute = ".", name
             else:
                 raise AttributeError(f"module {package!r} has no attribute {name!r}")
             if where == ".":
-                value: object = importlib.import_module(f"{package}.{attribute}")
+                try:
+                    value: object = importlib.import_module(f"{package}.{attribute}")
+                except ModuleNotFoundError as exc:
+                    if exc.name != f"{package}.{attribute}":
+                        raise  # the submodule is there, and something it imports is not
+                    raise AttributeError(f"module {package!r} has no attribute {name!r}") from None
             else:
                 value = getattr(importlib.import_module(where, package), attribute)
             # two threads may both get here: each imports the same module (the import system's locks)
@@ -168,9 +173,3 @@ class _ReexportsPutOff:
 
         module.__getattr__ = __getattr__  # type: ignore[method-assign]
         module.__dir__ = __dir__  # type: ignore[method-assign]
-
-
-def _submodule(package: str, name: str) -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec(f"{package}.{name}") is not None
